@@ -1,0 +1,47 @@
+# The two commands: `make demo` and `make test`. Both create .venv and install what they need once;
+# a second run reuses the install (stamps under .venv are remade only when pyproject.toml changes).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip
+DEMO_WORKDIR ?= runs/demo
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench study sandbox-tools clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.core: pyproject.toml | $(BIN)/python
+	$(PIP) install -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(PIP) install -e ".[dev]"
+	touch $@ $(VENV)/.core
+
+# The code sandbox uses bubblewrap where it can be installed (root on Debian/Ubuntu); without it the
+# sandbox falls back to `unshare` or warns loudly. See README "Code sandbox".
+sandbox-tools:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || \
+	      echo "WARNING: could not install bubblewrap; the code sandbox will be weaker"; \
+	  else echo "WARNING: bubblewrap (bwrap) not found; install it for the full code sandbox"; fi; }
+
+demo: $(VENV)/.core sandbox-tools
+	$(BIN)/python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=$(DEMO_WORKDIR)
+
+study: $(VENV)/.core sandbox-tools
+	$(BIN)/python -m smjax.main --config=configs/study.py:two_domain,full --workdir=runs/study_full
+
+test: $(VENV)/.dev sandbox-tools
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.dev
+	$(BIN)/python -m smjax.kernels.bench --out bench_results/kernels.json
+	$(BIN)/python benchmarks/rollout_vs_hf.py --out bench_results/rollout_vs_hf.json
+
+clean:
+	rm -rf $(VENV) runs bench_results .pytest_cache

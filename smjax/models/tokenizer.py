@@ -1,0 +1,105 @@
+"""Tokenizers with one interface: a char-level one for the toy domains and an HF `tokenizer.json` one.
+
+Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size`, `pad_id`, `bos_id`,
+`eos_id`, so rollouts, rewards and data pipelines never care which one they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Protocol, Sequence
+
+# Special ids first, then newline and printable ASCII. The vocabulary is padded to a multiple of 64
+# so embedding and logit shapes stay friendly to every backend.
+_SPECIALS = ("<pad>", "<bos>", "<eos>")
+_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))
+CHAR_VOCAB_SIZE = 128
+
+
+class Tokenizer(Protocol):
+  vocab_size: int
+  pad_id: int
+  bos_id: int
+  eos_id: int
+
+  def encode(self, text: str) -> list[int]: ...
+
+  def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class CharTokenizer:
+  """Character-level tokenizer for the toy study: pad=0, bos=1, eos=2, then '\\n' and ASCII 32..126."""
+
+  pad_id = 0
+  bos_id = 1
+  eos_id = 2
+  vocab_size = CHAR_VOCAB_SIZE
+
+  def __init__(self):
+    self._to_id = {ch: i + len(_SPECIALS) for i, ch in enumerate(_CHARS)}
+    self._to_ch = {i: ch for ch, i in self._to_id.items()}
+
+  def encode(self, text: str) -> list[int]:
+    try:
+      return [self._to_id[ch] for ch in text]
+    except KeyError as e:
+      raise ValueError(
+          f"CharTokenizer cannot encode character {e.args[0]!r} in {text[:40]!r}: only '\\n' and "
+          "printable ASCII (32..126) are in its vocabulary") from None
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Decodes up to the first EOS; pad and bos are skipped, unknown ids raise."""
+    out = []
+    for i in ids:
+      i = int(i)
+      if i == self.eos_id:
+        break
+      if i in (self.pad_id, self.bos_id):
+        continue
+      if i not in self._to_ch:
+        raise ValueError(f"CharTokenizer.decode: id {i} is not a character id (vocab has "
+                         f"{len(self._to_ch)} characters at ids 3..{2 + len(self._to_ch)})")
+      out.append(self._to_ch[i])
+    return "".join(out)
+
+
+class HFTokenizer:
+  """A Hugging Face `tokenizer.json` loaded with the `tokenizers` library (no transformers needed)."""
+
+  def __init__(self, path: str, *, eos_token: str | None = None, pad_token: str | None = None,
+               bos_token: str | None = None):
+    from tokenizers import Tokenizer as _Tok  # pylint: disable=import-outside-toplevel
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.exists(file):
+      raise FileNotFoundError(f"tokenizer file {file} does not exist (expected a tokenizer.json)")
+    self._tok = _Tok.from_file(file)
+    config = {}
+    config_file = os.path.join(os.path.dirname(file), "tokenizer_config.json")
+    if os.path.exists(config_file):
+      with open(config_file) as f:
+        config = json.load(f)
+
+    def _special(explicit, key):
+      name = explicit or config.get(key)
+      if isinstance(name, dict):
+        name = name.get("content")
+      return None if name is None else self._tok.token_to_id(name)
+
+    self.eos_id = _special(eos_token, "eos_token")
+    self.bos_id = _special(bos_token, "bos_token")
+    pad = _special(pad_token, "pad_token")
+    self.pad_id = pad if pad is not None else (self.eos_id if self.eos_id is not None else 0)
+    if self.eos_id is None:
+      raise ValueError(f"{file}: no EOS token found (set eos_token= or eos_token in "
+                       f"{config_file})")
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+
+  def encode(self, text: str) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    return self._tok.decode(ids, skip_special_tokens=True)

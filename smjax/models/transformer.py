@@ -1,0 +1,342 @@
+"""One pure-functional Flax Linen decoder for the Qwen2/Qwen2.5, Qwen3 and Llama 3 families.
+
+The families differ only by flags on `ModelConfig`: QKV bias (Qwen2), per-head q/k RMSNorm (Qwen3),
+llama3 RoPE frequency scaling (Llama 3.1/3.2), tied or untied embeddings. Everything else is shared:
+RMSNorm, rotary embeddings (the rotate-half convention of HF), grouped-query attention and SwiGLU.
+
+`model.apply({"params": p}, tokens_BT, positions_BT, mask_BT, cache)` returns `(logits_BTV, cache)`.
+Without a cache the call is an ordinary causal forward. With a `KVCache` the T new tokens are written
+at slots `[cache.index, cache.index + T)` and attend to every earlier valid slot, so the same call
+serves prefill (T = prompt length) and decode (T = 1). `mask_BT` marks real tokens; left padding is
+masked out of the keys, and `positions_BT` carries the RoPE positions (for a left-padded row,
+`cumsum(mask) - 1`), so padding never changes a real token's logits.
+
+Einsum letters: B batch, T query time, S key slots, D model dim, N query heads, K kv heads,
+G query heads per kv head (N = K·G), H head dim, F mlp dim, V vocab, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_NEG_INF = -1e30  # finite, so a row with no visible key (a left pad) gives a uniform, not NaN, softmax
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """Llama 3 RoPE frequency scaling ("rope_type": "llama3" in HF configs)."""
+  factor: float = 8.0
+  low_freq_factor: float = 1.0
+  high_freq_factor: float = 4.0
+  original_max_position_embeddings: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and family flags of a decoder. Hashable, so it can be closed over by jitted code."""
+  vocab_size: int
+  d_model: int
+  n_layers: int
+  n_heads: int
+  n_kv_heads: int
+  head_dim: int
+  d_ff: int
+  max_seq_len: int = 2048
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling | None = None
+  rms_norm_eps: float = 1e-6
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  tie_embeddings: bool = False
+  param_dtype: str = "float32"
+  dtype: str = "float32"  # compute dtype of activations; norms, softmax and logits stay float32
+  name: str = "custom"
+
+  def __post_init__(self):
+    for field in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+      if getattr(self, field) <= 0:
+        raise ValueError(f"ModelConfig.{field}={getattr(self, field)} must be positive")
+    if self.n_heads % self.n_kv_heads:
+      raise ValueError(f"ModelConfig: n_heads={self.n_heads} must be a multiple of "
+                       f"n_kv_heads={self.n_kv_heads} (grouped-query attention)")
+    if self.head_dim % 2:
+      raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+    for field in ("param_dtype", "dtype"):
+      if getattr(self, field) not in _DTYPES:
+        raise ValueError(f"ModelConfig.{field}={getattr(self, field)!r}; expected one of "
+                         f"{sorted(_DTYPES)}")
+
+  def replace(self, **kw) -> "ModelConfig":
+    return dataclasses.replace(self, **kw)
+
+  @property
+  def jnp_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def jnp_param_dtype(self):
+    return _DTYPES[self.param_dtype]
+
+  def num_params(self, *, include_embedding: bool = True) -> int:
+    """Analytic parameter count (used by the FLOP ledger's 'useful' figure and by presets)."""
+    d, n, k, h, f = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim, self.d_ff
+    attn = d * n * h + 2 * d * k * h + n * h * d
+    if self.qkv_bias:
+      attn += n * h + 2 * k * h
+    if self.qk_norm:
+      attn += 2 * h
+    layer = attn + 3 * d * f + 2 * d
+    total = self.n_layers * layer + d
+    if include_embedding:
+      total += self.vocab_size * d * (1 if self.tie_embeddings else 2)
+    return total
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer keys and values over S slots, which slots hold real tokens, and the next write slot.
+
+  All rows share `index` (prompts are left-padded to one length), so prefill and decode write the
+  same slots for every row and `valid_BS` carries the per-row padding.
+  """
+  k: tuple[jax.Array, ...]  # L x [B, S, K, H]
+  v: tuple[jax.Array, ...]  # L x [B, S, K, H]
+  valid_BS: jax.Array       # bool
+  index: jax.Array          # int32 scalar
+
+  @property
+  def max_len(self) -> int:
+    return self.valid_BS.shape[1]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+  """An empty cache of `max_len` slots for `batch` rows."""
+  dtype = cfg.jnp_dtype if dtype is None else dtype
+  shape = (batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+  zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
+  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+                 valid_BS=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+  """Inverse frequencies [H/2], with llama3 scaling when configured (as HF computes them)."""
+  h = cfg.head_dim
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h))
+  sc = cfg.rope_scaling
+  if sc is None:
+    return inv_freq
+  low_wavelen = sc.original_max_position_embeddings / sc.low_freq_factor
+  high_wavelen = sc.original_max_position_embeddings / sc.high_freq_factor
+  wavelen = 2 * math.pi / inv_freq
+  scaled = jnp.where(wavelen > low_wavelen, inv_freq / sc.factor, inv_freq)
+  smooth = (sc.original_max_position_embeddings / wavelen - sc.low_freq_factor) / (
+      sc.high_freq_factor - sc.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / sc.factor + smooth * scaled
+  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+  return jnp.where(medium, smoothed, scaled)
+
+
+def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotate-half RoPE, computed in float32 and cast back."""
+  angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+  emb_BTH = jnp.concatenate([angles_BTh, angles_BTh], axis=-1)[:, :, None, :]
+  cos, sin = jnp.cos(emb_BTH), jnp.sin(emb_BTH)
+  x = x_BTNH.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return (x * cos + rotated * sin).astype(x_BTNH.dtype)
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  param_dtype: Any
+  axis_name: str = "norm"
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (x.shape[-1],), self.param_dtype)
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    # HF casts back to the input dtype before the weight multiply.
+    return scale.astype(x.dtype) * xf.astype(x.dtype)
+
+
+def _dense_init(fan_in_axes_size):
+  del fan_in_axes_size
+  return nn.initializers.normal(stddev=0.02)
+
+
+class Attention(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, mask_BT, layer_cache, cache_index):
+    cfg = self.cfg
+    D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+
+    def proj(name, heads, axes):
+      w = self.param(name, nn.with_logical_partitioning(_dense_init(D), ("embed", axes, "head_dim")),
+                     (D, heads, H), pdt)
+      y = jnp.einsum("BTD,DNH->BTNH", x_BTD, w.astype(dt))
+      if cfg.qkv_bias:
+        b = self.param(name + "_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, (axes, "head_dim")), (heads, H), pdt)
+        y = y + b.astype(dt)
+      return y
+
+    q_BTNH = proj("q", N, "q_heads")
+    k_BTKH = proj("k", K, "kv_heads")
+    v_BTKH = proj("v", K, "kv_heads")
+    if cfg.qk_norm:
+      q_BTNH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="q_norm")(q_BTNH)
+      k_BTKH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="k_norm")(k_BTKH)
+    inv_freq = rope_inv_freq(cfg)
+    q_BTNH = apply_rope(q_BTNH, positions_BT, inv_freq)
+    k_BTKH = apply_rope(k_BTKH, positions_BT, inv_freq)
+
+    B, T = x_BTD.shape[:2]
+    if layer_cache is None:
+      keys_BSKH, values_BSKH, valid_BS = k_BTKH, v_BTKH, mask_BT
+      q_slot_T = jnp.arange(T)
+      k_slot_S = jnp.arange(T)
+      new_layer_cache = None
+    else:
+      ck, cv, cvalid = layer_cache
+      keys_BSKH = jax.lax.dynamic_update_slice(ck, k_BTKH.astype(ck.dtype), (0, cache_index, 0, 0))
+      values_BSKH = jax.lax.dynamic_update_slice(cv, v_BTKH.astype(cv.dtype), (0, cache_index, 0, 0))
+      valid_BS = cvalid
+      q_slot_T = cache_index + jnp.arange(T)
+      k_slot_S = jnp.arange(ck.shape[1])
+      new_layer_cache = (keys_BSKH, values_BSKH)
+
+    G = N // K
+    q_BTKGH = q_BTNH.reshape(B, T, K, G, H)
+    scores_BKGTS = jnp.einsum("BTKGH,BSKH->BKGTS", q_BTKGH, keys_BSKH.astype(dt),
+                              preferred_element_type=jnp.float32) / math.sqrt(H)
+    visible_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & valid_BS[:, None, :]
+    scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, _NEG_INF)
+    probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
+    out_BTKGH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BKGTS, values_BSKH.astype(dt))
+    out_BTNH = out_BTKGH.reshape(B, T, N, H)
+    wo = self.param("o", nn.with_logical_partitioning(_dense_init(N * H),
+                                                      ("q_heads", "head_dim", "embed")),
+                    (N, H, D), pdt)
+    return jnp.einsum("BTNH,NHD->BTD", out_BTNH, wo.astype(dt)), new_layer_cache
+
+
+class MLP(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD):
+    cfg = self.cfg
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    D, F = cfg.d_model, cfg.d_ff
+    init = nn.initializers.normal(stddev=0.02)
+    gate = self.param("gate", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
+    up = self.param("up", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
+    down = self.param("down", nn.with_logical_partitioning(init, ("mlp", "embed")), (F, D), pdt)
+    g_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, gate.astype(dt))
+    u_BTF = jnp.einsum("BTD,DF->BTF", x_BTD, up.astype(dt))
+    return jnp.einsum("BTF,FD->BTD", nn.silu(g_BTF) * u_BTF, down.astype(dt))
+
+
+class Block(nn.Module):
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, x_BTD, positions_BT, mask_BT, layer_cache, cache_index):
+    cfg = self.cfg
+    pdt = cfg.jnp_param_dtype
+    h = RMSNorm(cfg.rms_norm_eps, pdt, name="input_norm")(x_BTD)
+    attn_out, new_layer_cache = Attention(cfg, name="attn")(h, positions_BT, mask_BT, layer_cache,
+                                                            cache_index)
+    x_BTD = x_BTD + attn_out
+    h = RMSNorm(cfg.rms_norm_eps, pdt, name="post_attn_norm")(x_BTD)
+    return x_BTD + MLP(cfg, name="mlp")(h), new_layer_cache
+
+
+class Transformer(nn.Module):
+  """The decoder. See the module docstring for the call contract."""
+  cfg: ModelConfig
+
+  @nn.compact
+  def __call__(self, tokens_BT, positions_BT=None, mask_BT=None, cache: KVCache | None = None, *,
+               return_hidden: bool = False):
+    cfg = self.cfg
+    dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
+    B, T = tokens_BT.shape
+    if mask_BT is None:
+      mask_BT = jnp.ones((B, T), bool)
+    mask_BT = mask_BT.astype(bool)
+    if positions_BT is None:
+      positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+      if cache is not None:
+        raise ValueError("Transformer: positions_BT is required when decoding with a cache")
+    embedding = self.param("embed", nn.with_logical_partitioning(
+        nn.initializers.normal(stddev=0.02), ("vocab", "embed")), (cfg.vocab_size, cfg.d_model), pdt)
+    x_BTD = jnp.take(embedding, tokens_BT, axis=0).astype(dt)
+
+    cache_index = None
+    if cache is not None:
+      cache_index = cache.index
+      valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, mask_BT, (0, cache_index))
+    new_k, new_v = [], []
+    for layer in range(cfg.n_layers):
+      layer_cache = None if cache is None else (cache.k[layer], cache.v[layer], valid_BS)
+      x_BTD, new_layer_cache = Block(cfg, name=f"layers_{layer}")(x_BTD, positions_BT, mask_BT,
+                                                                 layer_cache, cache_index)
+      if new_layer_cache is not None:
+        new_k.append(new_layer_cache[0])
+        new_v.append(new_layer_cache[1])
+    x_BTD = RMSNorm(cfg.rms_norm_eps, pdt, name="final_norm")(x_BTD)
+    new_cache = None
+    if cache is not None:
+      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid_BS=valid_BS,
+                          index=cache.index + T)
+    if return_hidden:
+      return x_BTD, new_cache
+    if cfg.tie_embeddings:
+      head_DV = embedding.T
+    else:
+      head_DV = self.param("lm_head", nn.with_logical_partitioning(
+          nn.initializers.normal(stddev=0.02), ("embed", "vocab")), (cfg.d_model, cfg.vocab_size),
+                           pdt)
+    logits_BTV = jnp.einsum("BTD,DV->BTV", x_BTD, head_DV.astype(dt),
+                            preferred_element_type=jnp.float32)
+    return logits_BTV, new_cache
+
+
+def lm_head(params, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
+  """Logits from final hidden states (for losses that chunk the vocabulary projection)."""
+  head_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+  return jnp.einsum("BTD,DV->BTV", hidden_BTD, head_DV.astype(cfg.jnp_dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False):
+  """Parameters on the default device (tests and the toy study; sharded init is in sharding.py)."""
+  variables = Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32))
+  params = variables["params"]
+  return params if boxed else nn.unbox(params)
+
+
+def param_logical_axes(cfg: ModelConfig):
+  """A pytree of logical axis-name tuples matching the parameters, computed without allocating."""
+  abstract = jax.eval_shape(lambda: Transformer(cfg).init(
+      jax.random.key(0), jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32))["params"])
+  return nn.get_partition_spec(abstract)
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,127 @@
+"""The decoder against `transformers` (torch CPU), and its cache and padding contracts."""
+
+import numpy as np
+import pytest
+import torch
+import jax
+import jax.numpy as jnp
+
+from hf_models import tiny_hf_model
+from smjax.models import hf
+from smjax.models.transformer import KVCache, Transformer, init_cache, init_params
+from smjax.models.presets import get_preset
+
+CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True), ("llama", False),
+         ("llama", True)]
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+  out = {}
+  for fam, tie in CASES:
+    model = tiny_hf_model(fam, tie=tie, seed=len(out))
+    path = str(tmp_path_factory.mktemp(f"{fam}_{tie}"))
+    model.save_pretrained(path)
+    out[(fam, tie)] = (model, path)
+  return out
+
+
+def _forward(cfg, params, toks, positions=None, mask=None):
+  logits, _ = Transformer(cfg).apply({"params": params}, jnp.asarray(toks), positions, mask)
+  return np.asarray(logits)
+
+
+@pytest.mark.parametrize("fam,tie", CASES)
+def test_logits_match_transformers(hf_dirs, fam, tie):
+  model, path = hf_dirs[(fam, tie)]
+  cfg, params = hf.load_params(path)
+  assert cfg.tie_embeddings == tie and cfg.qk_norm == (fam == "qwen3")
+  assert cfg.qkv_bias == (fam == "qwen2") and (cfg.rope_scaling is not None) == (fam == "llama")
+  # 40 positions > the llama config's original_max_position_embeddings (32): scaling matters.
+  toks = np.random.RandomState(1).randint(0, cfg.vocab_size, (3, 40))
+  with torch.no_grad():
+    ref = model(torch.tensor(toks)).logits.numpy()
+  ours = _forward(cfg, params, toks)
+  assert np.abs(ours - ref).max() <= 1e-4, np.abs(ours - ref).max()
+
+
+@pytest.mark.parametrize("fam,tie", [("qwen3", False), ("llama", True)])
+def test_left_padding_matches_transformers(hf_dirs, fam, tie):
+  """A left-padded batch: real tokens' logits equal HF's with its attention mask, and equal the
+  unpadded forward of each row alone."""
+  model, path = hf_dirs[(fam, tie)]
+  cfg, params = hf.load_params(path)
+  rng = np.random.RandomState(2)
+  lengths = [9, 5, 2]
+  T = max(lengths)
+  toks = np.zeros((3, T), np.int64)
+  mask = np.zeros((3, T), bool)
+  for i, n in enumerate(lengths):
+    toks[i, T - n:] = rng.randint(0, cfg.vocab_size, n)
+    mask[i, T - n:] = True
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+  ours = _forward(cfg, params, toks, jnp.asarray(positions), jnp.asarray(mask))
+  with torch.no_grad():
+    ref = model(torch.tensor(toks), attention_mask=torch.tensor(mask.astype(np.int64)),
+                position_ids=torch.tensor(positions)).logits.numpy()
+  assert np.abs(ours[mask] - ref[mask]).max() <= 1e-4
+  for i, n in enumerate(lengths):
+    alone = _forward(cfg, params, toks[i:i + 1, T - n:])
+    assert np.abs(ours[i, T - n:] - alone[0]).max() <= 1e-5
+  assert np.isfinite(ours).all()  # pad rows attend to nothing: uniform, not NaN
+
+
+@pytest.mark.parametrize("fam,tie", [("qwen2", False), ("llama", True)])
+def test_cached_decoding_equals_full_forward(hf_dirs, fam, tie):
+  _, path = hf_dirs[(fam, tie)]
+  cfg, params = hf.load_params(path)
+  rng = np.random.RandomState(3)
+  lengths, new = [6, 3], 7
+  P = max(lengths)
+  prompt = np.zeros((2, P), np.int32)
+  mask = np.zeros((2, P), bool)
+  for i, n in enumerate(lengths):
+    prompt[i, P - n:] = rng.randint(0, cfg.vocab_size, n)
+    mask[i, P - n:] = True
+  cont = rng.randint(0, cfg.vocab_size, (2, new)).astype(np.int32)
+  full_toks = np.concatenate([prompt, cont], 1)
+  full_mask = np.concatenate([mask, np.ones((2, new), bool)], 1)
+  full_pos = np.maximum(np.cumsum(full_mask, 1) - 1, 0)
+  full = _forward(cfg, params, full_toks, jnp.asarray(full_pos), jnp.asarray(full_mask))
+
+  model = Transformer(cfg)
+  apply = jax.jit(lambda p, t, pos, m, c: model.apply({"params": p}, t, pos, m, c))
+  cache = init_cache(cfg, 2, P + new + 3)
+  logits, cache = apply(params, prompt, full_pos[:, :P], mask, cache)
+  steps = [np.asarray(logits)]
+  for t in range(new):
+    logits, cache = apply(params, cont[:, t:t + 1], full_pos[:, P + t:P + t + 1],
+                          np.ones((2, 1), bool), cache)
+    steps.append(np.asarray(logits))
+  assert isinstance(cache, KVCache) and int(cache.index) == P + new
+  cached = np.concatenate(steps, 1)
+  assert np.abs(cached[full_mask] - full[full_mask]).max() <= 1e-5
+
+
+def test_bf16_compute_close_to_fp32():
+  cfg = get_preset("toy-tiny")
+  params = init_params(cfg, jax.random.key(0))
+  toks = np.random.RandomState(0).randint(0, cfg.vocab_size, (2, 12))
+  f32 = _forward(cfg, params, toks)
+  bf16_cfg = cfg.replace(dtype="bfloat16", param_dtype="bfloat16")
+  bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  bf16 = _forward(bf16_cfg, bf16_params, toks)
+  assert bf16.dtype == np.float32  # logits are returned in fp32 whatever the compute dtype
+  assert np.abs(bf16 - f32).max() < 0.05 * np.abs(f32).max() + 0.05
+
+
+def test_every_parameter_has_logical_axes():
+  from smjax.models.transformer import param_logical_axes
+  cfg = get_preset("toy-tiny").replace(qkv_bias=True, qk_norm=True)
+  axes = param_logical_axes(cfg)
+  params = init_params(cfg, jax.random.key(0))
+  flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  flat_params = jax.tree_util.tree_leaves(params)
+  assert len(flat_axes) == len(flat_params)
+  for spec, p in zip(flat_axes, flat_params):
+    assert len(spec) == p.ndim and all(isinstance(a, str) for a in spec)
