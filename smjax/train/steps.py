@@ -1,0 +1,264 @@
+"""Pure jitted steps: `step(state, batch) -> (state, metrics)` for SFT, GRPO and OPD.
+
+A batch is a `SequenceBatch`: full sequences (left-padded prompt + completion) and, aligned to the
+*targets* `tokens_BS[:, 1:]`, a loss mask and whatever per-token inputs the objective needs
+(behaviour, reference or teacher log-probs). Logits at position s predict token s + 1, so every
+per-token array has T = S - 1 columns.
+
+Micro-batching: with `micro_batches > 1` the batch is split on its leading axis (whole GRPO groups
+per micro-batch) and gradients are accumulated in a `lax.scan`; the losses take the whole batch's
+token and sequence counts, so the accumulated gradient equals the full-batch gradient. Because XLA
+counts a scan body once, `step_program_calls` reports the step program plus (micro_batches - 1)
+calls of the micro-batch gradient program for the FLOP ledger.
+
+A step whose loss or gradient is not finite leaves the state unchanged and reports `finite = 0`;
+the host loop stops the run with a message naming the step (see loop.py).
+
+Legend: B rows, S sequence length, T = S - 1 target positions, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from smjax.flops import ProgramCall, shape_struct
+from smjax.models.transformer import Transformer
+from smjax.rl import grpo as grpo_lib
+from smjax.rl import opd as opd_lib
+from smjax.rl.logprobs import token_logprobs
+from smjax.train.state import TrainState
+
+
+@flax.struct.dataclass
+class SequenceBatch:
+  tokens_BS: jax.Array
+  positions_BS: jax.Array
+  attn_mask_BS: jax.Array           # real (non-pad) tokens
+  loss_mask_BT: jax.Array           # completion targets, aligned to tokens_BS[:, 1:]
+  old_logp_BT: jax.Array | None = None      # behaviour log-probs (sampler, temperature 1)
+  ref_logp_BT: jax.Array | None = None      # reference model (GRPO KL)
+  rewards_B: jax.Array | None = None        # GRPO
+  teacher_logp_BT: jax.Array | None = None  # OPD "sampled"
+  teacher_logits_BTV: jax.Array | None = None  # OPD "full_vocab" / "top_k"
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+  group_size: int = 8
+  advantage_mode: str = "grpo"       # grpo | drgrpo | rloo
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  beta: float = 0.0                  # KL-to-reference weight; 0 = no reference forward at all
+  kl_estimator: str = "k3"
+  aggregation: str = "token_mean"
+  max_len: int | None = None         # seq_mean_token_sum_norm constant (default: T)
+  micro_batches: int = 1
+  impl: str = "auto"                 # group-advantage kernel dispatch
+
+
+@dataclasses.dataclass(frozen=True)
+class OPDConfig:
+  objective: str = "sampled"         # sampled | full_vocab | top_k
+  aggregation: str = "token_mean"
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  top_k: int = 16
+  micro_batches: int = 1
+  impl: str = "auto"                 # reverse-KL kernel dispatch
+
+
+def forward_logits(model: Transformer, params, batch: SequenceBatch) -> jax.Array:
+  """Logits [B, T, V] at the positions that predict tokens_BS[:, 1:]."""
+  logits_BSV, _ = model.apply({"params": params}, batch.tokens_BS, batch.positions_BS,
+                              batch.attn_mask_BS)
+  return logits_BSV[:, :-1]
+
+
+def make_logprob_fn(model: Transformer) -> Callable:
+  """`fn(params, batch) -> logp_BT`: log-probs of the targets (reference / teacher forwards)."""
+  def fn(params, batch: SequenceBatch):
+    logp = token_logprobs(forward_logits(model, params, batch), batch.tokens_BS[:, 1:])
+    return jnp.where(batch.loss_mask_BT, logp, 0.0)
+  return fn
+
+
+def make_logits_fn(model: Transformer) -> Callable:
+  """`fn(params, batch) -> logits_BTV` (teacher logits for the full-vocab objectives)."""
+  return lambda params, batch: forward_logits(model, params, batch)
+
+
+# ------------------------------------------------------------------------------------- losses
+
+def _sft_loss(model, params, batch: SequenceBatch, counts):
+  logits = forward_logits(model, params, batch)
+  logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
+  mask = batch.loss_mask_BT.astype(jnp.float32)
+  loss = -jnp.sum(logp * mask) / counts["tokens"]
+  correct = (jnp.argmax(logits, -1) == batch.tokens_BS[:, 1:]).astype(jnp.float32)
+  # A micro-batch mean, like the RL losses' metrics (the step averages them over micro-batches).
+  return loss, {"token_accuracy": jnp.sum(correct * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+
+
+def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts):
+  logits = forward_logits(model, params, batch)
+  logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
+  loss, aux = grpo_lib.grpo_loss_from_rewards(
+      logp, batch.old_logp_BT, batch.ref_logp_BT if cfg.beta else None, batch.rewards_B,
+      batch.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
+      eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+      aggregation=cfg.aggregation, max_len=cfg.max_len, num_valid_tokens=counts["tokens"],
+      num_sequences=counts["sequences"], impl=cfg.impl)
+  entropy = grpo_lib.masked_mean(grpo_lib.token_entropy(jax.lax.stop_gradient(logits)),
+                                 batch.loss_mask_BT)
+  return loss, dict(aux, entropy=entropy)
+
+
+def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts):
+  logits = forward_logits(model, params, batch)
+  targets = batch.tokens_BS[:, 1:]
+  kw = dict(mask_BT=batch.loss_mask_BT, aggregation=cfg.aggregation,
+            num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"],
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, top_k=cfg.top_k, impl=cfg.impl)
+  if cfg.objective == "sampled":
+    loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=token_logprobs(logits, targets),
+                                 old_logp_BT=batch.old_logp_BT,
+                                 teacher_logp_BT=batch.teacher_logp_BT, **kw)
+  else:
+    loss, aux = opd_lib.opd_loss(cfg.objective, student_logits_BTV=logits,
+                                 teacher_logits_BTV=batch.teacher_logits_BTV, tokens_BT=targets,
+                                 **kw)
+  entropy = grpo_lib.masked_mean(grpo_lib.token_entropy(jax.lax.stop_gradient(logits)),
+                                 batch.loss_mask_BT)
+  return loss, dict(aux, entropy=entropy)
+
+
+# -------------------------------------------------------------------------------------- steps
+
+def _counts(batch: SequenceBatch):
+  mask = batch.loss_mask_BT.astype(jnp.float32)
+  return {"tokens": jnp.maximum(jnp.sum(mask), 1.0),
+          "sequences": jnp.maximum(jnp.sum(jnp.any(batch.loss_mask_BT, axis=1)), 1.0)}
+
+
+def _split(batch, n: int):
+  def split(x):
+    if x is None:
+      return None
+    if x.shape[0] % n:
+      raise ValueError(f"batch rows {x.shape[0]} are not divisible by micro_batches={n}")
+    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+  return jax.tree.map(split, batch)
+
+
+def _accumulate_grads(loss_fn, params, batch, counts, micro_batches: int):
+  grad_fn = jax.value_and_grad(lambda p, b: loss_fn(p, b, counts), has_aux=True)
+  if micro_batches == 1:
+    (loss, aux), grads = grad_fn(params, batch)
+    return loss, aux, grads
+
+  def body(carry, micro):
+    loss_acc, grads_acc = carry
+    (loss, aux), grads = grad_fn(params, micro)
+    return (loss_acc + loss, jax.tree.map(jnp.add, grads_acc, grads)), aux
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  (loss, grads), aux = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                    _split(batch, micro_batches))
+  return loss, jax.tree.map(lambda x: jnp.mean(x, axis=0), aux), grads
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDef:
+  """An un-jitted step and the loss it differentiates (kept for the micro-batch FLOP program)."""
+  step: Callable          # (state, batch) -> (state, metrics)
+  loss_fn: Callable       # (params, batch, counts) -> (loss, aux)
+  micro_batches: int = 1
+
+
+def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
+               lr_schedule=None) -> StepDef:
+  if micro_batches < 1:
+    raise ValueError(f"{micro_batches=} must be >= 1")
+
+  def step(state: TrainState, batch: SequenceBatch):
+    counts = _counts(batch)
+    loss, aux, grads = _accumulate_grads(loss_fn, state.params, batch, counts, micro_batches)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, new_opt = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(step=state.step + finite.astype(jnp.int32),
+                           params=keep(new_params, state.params),
+                           opt_state=keep(new_opt, state.opt_state))
+    metrics = dict(aux, loss=loss, grad_norm=grad_norm, finite=finite.astype(jnp.float32),
+                   response_length=jnp.sum(batch.loss_mask_BT) / jnp.maximum(
+                       jnp.sum(jnp.any(batch.loss_mask_BT, axis=1)), 1))
+    if lr_schedule is not None:
+      metrics["learning_rate"] = lr_schedule(state.step)
+    return new_state, metrics
+  return StepDef(step, loss_fn, micro_batches)
+
+
+def make_sft_step(model: Transformer, tx, *, micro_batches: int = 1, lr_schedule=None) -> StepDef:
+  return _make_step(lambda p, b, c: _sft_loss(model, p, b, c), tx, micro_batches, lr_schedule)
+
+
+def make_grpo_step(model: Transformer, tx, cfg: GRPOConfig, *, lr_schedule=None) -> StepDef:
+  return _make_step(lambda p, b, c: _grpo_loss(cfg, model, p, b, c), tx, cfg.micro_batches,
+                    lr_schedule)
+
+
+def make_opd_step(model: Transformer, tx, cfg: OPDConfig, *, lr_schedule=None) -> StepDef:
+  if cfg.objective not in opd_lib.OBJECTIVES:
+    raise ValueError(f"OPDConfig.objective={cfg.objective!r}; expected one of {opd_lib.OBJECTIVES}")
+  return _make_step(lambda p, b, c: _opd_loss(cfg, model, p, b, c), tx, cfg.micro_batches,
+                    lr_schedule)
+
+
+# ----------------------------------------------------------------------------- jit + flops
+
+@dataclasses.dataclass
+class JittedStep:
+  """A step jitted once with donated state and explicit shardings, and its FLOP reporting."""
+  fn: Callable
+  phase: str = "train/policy"
+  micro_batches: int = 1
+  micro_fn: Callable | None = None
+
+  def __call__(self, state, batch):
+    return self.fn(state, batch)
+
+  def program_calls(self, state, batch) -> list[ProgramCall]:
+    """The step program once, plus (micro_batches - 1) micro-batch gradient programs: XLA counts
+    the accumulation scan's body once, the ledger needs it micro_batches times."""
+    args = jax.tree.map(shape_struct, (state, batch))
+    calls = [ProgramCall(self.phase, self.fn, args, calls=1)]
+    if self.micro_batches > 1:
+      micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+          (x.shape[0] // self.micro_batches,) + x.shape[1:], x.dtype), batch)
+      counts = {"tokens": jax.ShapeDtypeStruct((), jnp.float32),
+                "sequences": jax.ShapeDtypeStruct((), jnp.float32)}
+      calls.append(ProgramCall(self.phase, self.micro_fn,
+                               (jax.tree.map(shape_struct, state.params), micro, counts),
+                               calls=self.micro_batches - 1))
+    return calls
+
+
+def jit_step(step_def: StepDef, *, state_shardings=None, batch_sharding=None,
+             phase: str = "train/policy") -> JittedStep:
+  """Jits a step with donated state; shardings are optional (single device when omitted)."""
+  kw: dict[str, Any] = {"donate_argnums": (0,)}
+  if state_shardings is not None:
+    kw["in_shardings"] = (state_shardings, batch_sharding)
+    kw["out_shardings"] = (state_shardings, None)
+  loss_fn = step_def.loss_fn
+  micro_fn = jax.jit(lambda params, micro, counts: jax.value_and_grad(
+      lambda p: loss_fn(p, micro, counts), has_aux=True)(params))
+  return JittedStep(jax.jit(step_def.step, **kw), phase, step_def.micro_batches, micro_fn)
