@@ -1,0 +1,485 @@
+"""Preemption-safe checkpoints on orbax: save everything a run needs, resume exactly, skip bad ones.
+
+A checkpoint at loop step `s` holds two orbax items under `<workdir>/checkpoints/<s>/`:
+  - `state`: the whole TrainState pytree (params, optimiser state, step), saved with its shardings;
+  - `meta` (JSON): the RNG (a jax key as raw key data, and/or a numpy Generator's state), the
+    data-iterator state (e.g. grain `get_state()`: any JSON-able object or bytes), the FLOP ledger
+    (a dict or an object with `to_dict()`), the config, recent metrics (`extra`), the held-out
+    metric, the tree signature of `state` and a per-leaf bit checksum of every array.
+
+Kept: the last `max_to_keep` steps, plus the best one by the metric passed to `save` (`keep_best`).
+
+Resume (`restore_latest`) walks the steps newest first. A step whose files cannot be read, whose
+JSON is garbage, or whose arrays do not match their checksums (orbax restores a flipped byte in an
+OCDBT data file silently; the checksum catches it) is reported with `logging.warning` naming the
+step and the fault, moved to `<workdir>/checkpoints_corrupt/`, and the previous step is tried.
+A save cut short (kill -9) leaves an orbax `<s>.orbax-checkpoint-tmp-*` folder: it is reported and
+removed when the Checkpointer opens. A config that differs from the checkpoint's in a field that is
+not run-neutral is refused with `ConfigMismatchError` listing `field: old -> new`.
+
+Async saving and donated state: orbax's `save` copies every array to host memory (numpy) before it
+returns, on the calling thread (`replica_slices.transfer_arrays_to_host`, which blocks on
+`np.asarray`); only the file writes happen in the background. The next jitted step may therefore
+donate the state right after `save` returns. On CPU, where that numpy copy can alias the device
+buffer, XLA skips the donation while orbax still holds the alias (measured with jax 0.10.2 /
+orbax 0.12.8: the donated input is not deleted and the saved bytes are unchanged);
+tests/test_checkpoint.py checks this end to end.
+
+Typical loop:
+
+    ckpt = Checkpointer(workdir, max_to_keep=3, async_save=True, config=cfg_dict)
+    restored = ckpt.restore_latest(state)        # None on a fresh run
+    if restored: state, key, it_state = restored.state, restored.rng, restored.data_state
+    with PreemptionGuard() as guard:
+      for step in range(start, total):
+        ...
+        if step % every == 0 or guard.should_stop():
+          ckpt.save(step, state, rng=key, data_state=it.get_state(), ledger=ledger, metric=acc)
+        if guard.should_stop(): break
+    ckpt.close()
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import logging
+import re
+import signal
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from orbax.checkpoint import checkpoint_managers as ocp_policy
+
+FORMAT_VERSION = 1
+
+# Config fields that change how a run is watched, not what it computes. An entry matches a
+# dotted field path equal to it, ending in ".<entry>", or under "<entry>." (a whole sub-config).
+DEFAULT_RUN_NEUTRAL_FIELDS: tuple[str, ...] = (
+    "workdir", "logdir", "log_dir", "log_every", "eval_every", "checkpoint_every",
+    "checkpoint_max_to_keep", "checkpoint_keep_best", "async_checkpointing", "progress_bar",
+    "tensorboard", "profile", "profile_steps", "verbose", "notes",
+)
+
+_TMP_DIR = re.compile(r"^(?:.*_)?(\d+)\.orbax-checkpoint-tmp")
+_BYTES_TAG = "__bytes_b64__"
+
+
+class ConfigMismatchError(ValueError):
+  """Resuming would change the run: the config differs from the checkpoint's in run fields."""
+
+
+class CorruptCheckpointError(RuntimeError):
+  """A checkpoint step that cannot be restored as it was saved."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What `restore_latest` hands back; `ledger` is a dict unless a `ledger_type` was given."""
+  state: Any
+  step: int
+  rng: jax.Array | None
+  host_rng: np.random.Generator | None
+  data_state: Any
+  ledger: Any
+  extra: Any
+  metric: float | None
+  config: dict | None
+
+
+# ------------------------------------------------------------------------------ JSON helpers
+
+def _to_json(x: Any, path: str = "") -> Any:
+  """A JSON-safe copy: dataclasses and ConfigDicts as dicts, tuples as lists, bytes tagged."""
+  if isinstance(x, (str, bool, int, float)) or x is None:
+    return x
+  if isinstance(x, (bytes, bytearray)):
+    return {_BYTES_TAG: base64.b64encode(bytes(x)).decode("ascii")}
+  if isinstance(x, np.generic) or (isinstance(x, (np.ndarray, jax.Array)) and x.ndim == 0):
+    return np.asarray(x).item()
+  if isinstance(x, (np.ndarray, jax.Array)):
+    return np.asarray(x).tolist()
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    x = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+  elif not isinstance(x, Mapping) and callable(getattr(x, "to_dict", None)):
+    x = x.to_dict()  # ml_collections.ConfigDict, FlopLedger
+  if isinstance(x, Mapping):
+    return {str(k): _to_json(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_to_json(v, f"{path}[{i}]") for i, v in enumerate(x)]
+  raise TypeError(f"checkpoint: {path or 'value'} of type {type(x).__name__} is not JSON-able; "
+                  "pass dicts, lists, numbers, strings, bytes or dataclasses")
+
+
+def _from_json(x: Any) -> Any:
+  if isinstance(x, dict):
+    if set(x) == {_BYTES_TAG}:
+      return base64.b64decode(x[_BYTES_TAG])
+    return {k: _from_json(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_from_json(v) for v in x]
+  return x
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(d, dict):
+    return {prefix: d}
+  out = {}
+  for k, v in d.items():
+    out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+  return out
+
+
+def _ignored(field: str, ignore: Sequence[str]) -> bool:
+  return any(field == f or field.endswith("." + f) or field.startswith(f + ".") for f in ignore)
+
+
+def config_diff(old: Any, new: Any, ignore_fields: Sequence[str] = ()) -> list[str]:
+  """`field: old -> new` for every dotted field that differs and is not run-neutral."""
+  a, b = _flatten(_to_json(old)), _flatten(_to_json(new))
+  rows = []
+  for k in sorted(set(a) | set(b)):
+    if _ignored(k, ignore_fields):
+      continue
+    va, vb = a.get(k, "<absent>"), b.get(k, "<absent>")
+    if va != vb or type(va) is not type(vb):
+      rows.append(f"{k}: {va!r} -> {vb!r}")
+  return rows
+
+
+# ---------------------------------------------------------------------- RNG and tree signature
+
+def _rng_to_json(key) -> dict | None:
+  if key is None:
+    return None
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return {"typed": True, "impl": str(jax.random.key_impl(key)),
+            "data": np.asarray(jax.random.key_data(key)).tolist()}
+  return {"typed": False, "dtype": str(key.dtype), "data": np.asarray(key).tolist()}
+
+
+def _rng_from_json(d: dict | None):
+  if d is None:
+    return None
+  if d["typed"]:
+    return jax.random.wrap_key_data(jnp.asarray(d["data"], jnp.uint32), impl=d["impl"])
+  return jnp.asarray(np.asarray(d["data"], dtype=d["dtype"]))
+
+
+def _host_rng_to_json(gen: np.random.Generator | None) -> dict | None:
+  if gen is None:
+    return None
+  return {"bit_generator": type(gen.bit_generator).__name__, "state": gen.bit_generator.state}
+
+
+def _host_rng_from_json(d: dict | None) -> np.random.Generator | None:
+  if d is None:
+    return None
+  bit_gen = getattr(np.random, d["bit_generator"])()
+  bit_gen.state = d["state"]
+  return np.random.Generator(bit_gen)
+
+
+def _signature(tree) -> dict[str, str]:
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {jax.tree_util.keystr(p): f"{np.dtype(x.dtype).name}{list(x.shape)}" for p, x in flat}
+
+
+def _leaf_checksum(x: jax.Array) -> jax.Array:
+  """Sum of the bit patterns times odd position weights, mod 2**32: any single changed element
+  changes it, it is exact (integer arithmetic, any reduction order) and sharded arrays reduce
+  in place (no reshape)."""
+  itemsize = np.dtype(x.dtype).itemsize
+  if x.dtype == jnp.bool_:
+    bits = x.astype(jnp.uint32)
+  else:
+    bits = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16}.get(itemsize, jnp.uint32))
+    bits = bits.astype(jnp.uint32)
+  index = jnp.zeros(bits.shape, jnp.uint32)
+  for axis in range(bits.ndim):
+    index = index * jnp.uint32(bits.shape[axis]) + jax.lax.broadcasted_iota(
+        jnp.uint32, bits.shape, axis)
+  weight = index * jnp.uint32(0x9E3779B1) | jnp.uint32(1)
+  return jnp.sum(bits * weight, dtype=jnp.uint32)
+
+
+_checksums = jax.jit(lambda tree: [_leaf_checksum(x) for x in jax.tree.leaves(tree)])
+
+
+def _checksum_dict(tree) -> dict[str, int]:
+  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  return dict(zip(paths, (int(c) for c in jax.device_get(_checksums(tree)))))
+
+
+def _abstract(target):
+  """ShapeDtypeStructs with shardings (single default device where a leaf has none)."""
+  default = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  def leaf(x):
+    sharding = getattr(x, "sharding", None) or default
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+  return jax.tree.map(leaf, target)
+
+
+# ------------------------------------------------------------------------------ the manager
+
+class Checkpointer:
+  """An orbax CheckpointManager for one run's `<workdir>/checkpoints` (see the module docstring).
+
+  Args:
+    workdir: run directory (local path or any epath URL such as gs://).
+    max_to_keep: the most recent checkpoints kept.
+    keep_best: also keep the checkpoint with the best `metric` passed to `save`.
+    best_mode: "max" (accuracy) or "min" (loss).
+    async_save: write files in the background (safe with donated state; see module docstring).
+    config: this run's config (dict, ConfigDict or dataclass), saved and checked on resume.
+    ignore_fields: run-neutral config fields a resumed run may change.
+    verify: store and check per-leaf checksums.
+  """
+
+  def __init__(self, workdir: str, *, max_to_keep: int = 3, keep_best: bool = True,
+               best_mode: str = "max", async_save: bool = True, config: Any = None,
+               ignore_fields: Sequence[str] = DEFAULT_RUN_NEUTRAL_FIELDS, verify: bool = True,
+               metric_name: str = "heldout_accuracy"):
+    if max_to_keep < 1:
+      raise ValueError(f"Checkpointer: {max_to_keep=} must be >= 1")
+    if best_mode not in ("max", "min"):
+      raise ValueError(f"Checkpointer: {best_mode=}; expected 'max' or 'min'")
+    self.directory = epath.Path(workdir) / "checkpoints"
+    self.quarantine = epath.Path(workdir) / "checkpoints_corrupt"
+    self.config = None if config is None else _to_json(config)
+    self.ignore_fields = tuple(ignore_fields)
+    self.verify = verify
+    self.metric_name = metric_name
+    self._mgr = None
+    self._scan_directory()
+    # A save without a metric ranks last, so it is never the "best" one kept.
+    worst = float("-inf") if best_mode == "max" else float("inf")
+    best_fn: Callable = lambda m: worst if m.get(metric_name) is None else float(m[metric_name])
+    policies = [ocp_policy.LatestN(n=max_to_keep)]
+    if keep_best:
+      policies.append(ocp_policy.BestN(get_metric_fn=best_fn, reverse=best_mode == "min", n=1,
+                                       keep_checkpoints_without_metrics=False))
+    self._options = ocp.CheckpointManagerOptions(
+        best_fn=best_fn if keep_best else None, best_mode=best_mode,
+        enable_async_checkpointing=async_save, cleanup_tmp_directories=True, create=True,
+        preservation_policy=ocp_policy.AnyPreservationPolicy(policies))
+    self._mgr = ocp.CheckpointManager(self.directory, options=self._options)
+
+  def _scan_directory(self) -> None:
+    """Reports interrupted saves, and moves aside steps whose metrics file (read by orbax when it
+    opens the directory, and fatal to it if garbled) is unreadable."""
+    if not self.directory.exists():
+      return
+    for path in sorted(self.directory.iterdir(), key=lambda p: p.name):
+      match = _TMP_DIR.match(path.name)
+      if match:
+        logging.warning("checkpoint step %s in %s is incomplete: its save was interrupted "
+                        "(orbax left %s); skipping it (orbax removes the folder)",
+                        match.group(1), self.directory, path.name)
+      elif path.name.isdigit() and (path / "metrics" / "metrics").exists():
+        try:
+          json.loads((path / "metrics" / "metrics").read_text())
+        except ValueError as e:
+          self._quarantine(int(path.name), f"its metrics file is unreadable ({e})")
+
+  # ------------------------------------------------------------------------------ queries
+
+  def all_steps(self) -> list[int]:
+    return sorted(self._mgr.all_steps())
+
+  def latest_step(self) -> int | None:
+    return self._mgr.latest_step()
+
+  def best_step(self) -> int | None:
+    """The kept step with the best metric (None if no kept step has one or keep_best is off)."""
+    step = self._mgr.best_step() if self._options.best_fn else None
+    metrics = None if step is None else self._mgr.metrics(step)
+    return step if metrics and metrics.get(self.metric_name) is not None else None
+
+  # --------------------------------------------------------------------------------- save
+
+  def save(self, step: int, state: Any, *, rng=None, host_rng: np.random.Generator | None = None,
+           data_state: Any = None, ledger: Any = None, extra: Any = None,
+           metric: float | None = None) -> bool:
+    """Saves loop step `step`; returns False (and saves nothing) if that step is already saved.
+
+    With `async_save` this returns once arrays are on the host; `wait()` waits for the files.
+    """
+    step = int(step)
+    if step in self._mgr.all_steps():
+      return False
+    meta = {
+        "format": FORMAT_VERSION, "step": step, "time": time.time(),
+        "rng": _rng_to_json(rng), "host_rng": _host_rng_to_json(host_rng),
+        "data_state": _to_json(data_state, "data_state"), "ledger": _to_json(ledger, "ledger"),
+        "extra": _to_json(extra, "extra"), "config": self.config,
+        "metric": None if metric is None else float(metric),
+        "signature": _signature(state),
+        # Dispatched before the caller's next step can donate `state`; fetched here.
+        "checksums": _checksum_dict(state) if self.verify else None,
+    }
+    metrics = {self.metric_name: meta["metric"]} if self._options.best_fn else None
+    return self._mgr.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        metrics=metrics, force=True)
+
+  def wait(self) -> None:
+    """Blocks until every pending (async) save is on disk and old steps are cleaned up."""
+    self._mgr.wait_until_finished()
+
+  def close(self) -> None:
+    self._mgr.wait_until_finished()
+    self._mgr.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+  # ------------------------------------------------------------------------------ restore
+
+  def restore(self, step: int, target: Any, *, ledger_type: Any = None) -> Restored:
+    """Restores one step onto the shardings of `target` (arrays or ShapeDtypeStructs).
+
+    Raises CorruptCheckpointError if the step cannot be restored as saved, ConfigMismatchError if
+    the config differs in a run field, ValueError if `target`'s tree does not match.
+    """
+    try:
+      meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+      if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or (
+          meta.get("step") != step):
+        raise CorruptCheckpointError(f"its meta JSON is not a smjax v{FORMAT_VERSION} record "
+                                     f"for step {step}")
+    except CorruptCheckpointError:
+      raise
+    except Exception as e:  # orbax/tensorstore/json raise many types for unreadable files
+      raise CorruptCheckpointError(f"its meta item is unreadable ({type(e).__name__}: "
+                                   f"{str(e)[:300]})") from e
+    self._check_config(step, meta.get("config"))
+    self._check_signature(step, meta["signature"], target)
+    try:
+      state = self._mgr.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(_abstract(target)))).state
+    except Exception as e:
+      raise CorruptCheckpointError(f"its arrays are unreadable ({type(e).__name__}: "
+                                   f"{str(e)[:300]})") from e
+    if self.verify and meta.get("checksums") is not None:
+      got = _checksum_dict(state)
+      bad = [k for k, v in meta["checksums"].items() if got.get(k) != v]
+      if bad:
+        raise CorruptCheckpointError(f"{len(bad)} array(s) do not match their saved checksums: "
+                                     f"{', '.join(bad[:5])}")
+    ledger = _from_json(meta.get("ledger"))
+    if ledger_type is not None and ledger is not None:
+      ledger = ledger_type.from_dict(ledger)
+    return Restored(state=state, step=step, rng=_rng_from_json(meta.get("rng")),
+                    host_rng=_host_rng_from_json(meta.get("host_rng")),
+                    data_state=_from_json(meta.get("data_state")), ledger=ledger,
+                    extra=_from_json(meta.get("extra")), metric=meta.get("metric"),
+                    config=meta.get("config"))
+
+  def restore_latest(self, target: Any, *, ledger_type: Any = None) -> Restored | None:
+    """The newest step that restores intact, or None if there is none. Corrupt steps are reported
+    (logging.warning), moved to `checkpoints_corrupt/` and skipped."""
+    self.wait()
+    for step in sorted(self._mgr.all_steps(), reverse=True):
+      try:
+        restored = self.restore(step, target, ledger_type=ledger_type)
+      except CorruptCheckpointError as e:
+        self._quarantine(step, e)
+        continue
+      logging.info("resuming from checkpoint step %d in %s", step, self.directory)
+      return restored
+    return None
+
+  def _check_config(self, step: int, saved: Any) -> None:
+    if self.config is None or saved is None:
+      return
+    diff = config_diff(saved, self.config, self.ignore_fields)
+    if diff:
+      raise ConfigMismatchError(
+          f"checkpoint step {step} in {self.directory} was written with a different config; "
+          "resuming would change the run. Differing fields (checkpoint -> now):\n  "
+          + "\n  ".join(diff) + "\nUse a fresh workdir, or pass the fields in `ignore_fields` if "
+          "they do not alter the run.")
+
+  def _check_signature(self, step: int, saved: dict, target: Any) -> None:
+    now = _signature(target)
+    if saved != now:
+      rows = [f"{k}: {saved.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
+              for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+      raise ValueError(f"checkpoint step {step} in {self.directory} holds a state whose leaves "
+                       "differ from the restore target (checkpoint -> target):\n  "
+                       + "\n  ".join(rows[:20]))
+
+  def _quarantine(self, step: int, reason: Any) -> None:
+    """Reports a corrupt step and moves it out of orbax's directory (so it can be saved again)."""
+    src = self.directory / str(step)
+    dst = self.quarantine / f"{step}.{int(time.time() * 1000)}"
+    logging.warning("checkpoint step %d in %s is corrupt: %s; moved it to %s and falling back to "
+                    "the previous checkpoint", step, self.directory, reason, dst)
+    if jax.process_index() == 0 and src.exists():
+      self.quarantine.mkdir(parents=True, exist_ok=True)
+      src.rename(dst)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      multihost_utils.sync_global_devices(f"smjax_checkpoint_quarantine_{step}")
+    if self._mgr is not None:
+      self._mgr.reload()
+
+
+# ----------------------------------------------------------------------------- preemption
+
+class PreemptionGuard:
+  """Turns SIGTERM (by default) into a flag the loop polls at step boundaries.
+
+  The handler only records the signal: saving from inside a signal handler could interleave with
+  a jitted step or an orbax save. The loop calls `should_stop()` after each step, saves and exits
+  0. With several processes `should_stop` ORs the flag over all of them (one tiny all-gather), so
+  every host stops at the same step. Previous handlers are restored on exit.
+  """
+
+  def __init__(self, signals: Sequence[int] = (signal.SIGTERM,)):
+    self.signals = tuple(signals)
+    self.received: int | None = None
+    self._previous: dict[int, Any] = {}
+    self._logged = False
+
+  def __enter__(self) -> "PreemptionGuard":
+    if threading.current_thread() is not threading.main_thread():
+      raise RuntimeError("PreemptionGuard must be entered on the main thread (signal handlers "
+                         "can only be installed there)")
+    for sig in self.signals:
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous.clear()
+
+  def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
+    self.received = signum
+
+  def request_stop(self) -> None:
+    """Stop as if a signal had arrived (tests, or a host-side time budget)."""
+    self.received = self.received or -1
+
+  def should_stop(self) -> bool:
+    stop = self.received is not None
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+      stop = bool(np.any(multihost_utils.process_allgather(np.array(stop))))
+    if stop and not self._logged:
+      self._logged = True
+      logging.warning("preemption requested (signal %s): stopping at this step boundary",
+                      self.received)
+    return stop
