@@ -1,0 +1,478 @@
+"""KV-cache sampler for group rollouts: one jitted prefill, then a `lax.while_loop` decode.
+
+`Sampler.generate(params, prompts, rng, num_samples=G)` left-pads the prompts (host, the only host
+work) to a length bucket, runs the prompt batch through the model once, repeats the KV cache G times
+on the batch axis and decodes all B·G rows in one compiled loop that stops early once every row is
+done. Rows come out ordered [prompt0 x G, prompt1 x G, ...].
+
+Per-row stop: a row is done after it emits an EOS id or completes a stop sequence (token ids,
+matched within the completion); that token is part of the completion and masked in (the policy
+chose it); later slots hold `pad_id`, mask 0, log-prob 0. The host reads back two small things per
+call, the number of decode steps run and the lengths, for the FLOP ledger.
+
+Log-probs. `logprobs_BT` is log π(y_t) under the policy at temperature 1: the unmodified
+`log_softmax` of the raw logits at the sampled token, whatever temperature / top-k / top-p was used
+to sample. That is the behaviour log-prob the GRPO ratio and OPD need. `sampling_logprobs_BT` is the
+log-prob under the distribution actually sampled from (temperature, then top-k, then top-p,
+renormalised; 0 for greedy).
+
+Randomness: row r's token t is drawn by inverse cdf from u[r, t], where
+u[r] = uniform(fold_in(rng, r), [T]) is drawn once at prefill. A row's draws do not depend on the
+batch size, the sharding or the other rows: G copies of a prompt sampled from one shared prefill
+give exactly the tokens G separate copies of the prompt would.
+
+FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and the
+separately jitted single decode step (the exact loop body) times the decode steps that ran.
+`analytic_forward_flops` gives the "useful" count; it lives here until smjax/flops.py grows one.
+
+Legend: B rows (prompts x G), P prompt length (bucketed), T new tokens, S cache slots, V vocab,
+W stop-window length, X stop sequences, E eos ids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from smjax import sharding as shd
+from smjax.flops import ProgramCall, shape_struct
+from smjax.models.transformer import KVCache, ModelConfig, Transformer, init_cache, lm_head
+
+
+@flax.struct.dataclass
+class SamplingParams:
+  """Per-call sampling settings as arrays, so changing them (greedy included) does not recompile."""
+  greedy: jax.Array        # bool scalar
+  filtering: jax.Array     # bool scalar: top-k or top-p active (skips the vocab sort otherwise)
+  temperature: jax.Array   # f32 scalar
+  top_k: jax.Array         # i32 scalar, 0 = off
+  top_p: jax.Array         # f32 scalar, 1 = off
+  pad_id: jax.Array        # i32 scalar
+  eos_E: jax.Array         # i32 [E], -1 = unused slot
+  stops_XW: jax.Array      # i32 [X, W], right-aligned, -1 = no token (matches anything)
+  stop_valid_X: jax.Array  # bool [X]
+
+
+@flax.struct.dataclass
+class SamplingState:
+  """The decode loop's carry: everything per row lives on device."""
+  t: jax.Array               # i32 scalar: completion tokens produced so far = next column
+  last_B: jax.Array          # i32: token to feed next
+  position_B: jax.Array      # i32: its RoPE position
+  cache: KVCache
+  uniform_BT: jax.Array      # f32: the uniform that draws each token (see module docstring)
+  tokens_BT: jax.Array
+  mask_BT: jax.Array
+  logprobs_BT: jax.Array
+  sampling_logprobs_BT: jax.Array
+  done_B: jax.Array
+  lengths_B: jax.Array
+  recent_BW: jax.Array       # last W emitted tokens, for stop-sequence matching
+
+
+@dataclasses.dataclass
+class RolloutResult:
+  """One `generate` call. Rows B = num_prompts x num_samples, ordered [p0 x G, p1 x G, ...].
+
+  prompt_BP / prompt_mask_BP: each row's prompt, left-padded to the bucket length P.
+  completion_BT / completion_mask_BT: sampled tokens (pad after a row's stop) and their mask.
+  lengths_B: masked-in completion tokens, EOS / stop-sequence tokens included.
+  logprobs_BT: log-softmax of the raw logits (temperature 1) at the sampled tokens, 0 where masked.
+  sampling_logprobs_BT: the same under the distribution sampled from (0 for greedy).
+  program_calls: [prefill x 1, decode step x steps_run] for the FLOP ledger; each one's `useful`
+    is the analytic FLOPs of the real (unpadded) tokens over all its calls.
+  """
+  prompt_BP: jax.Array
+  prompt_mask_BP: jax.Array
+  completion_BT: jax.Array
+  completion_mask_BT: jax.Array
+  lengths_B: jax.Array
+  logprobs_BT: jax.Array
+  sampling_logprobs_BT: jax.Array
+  program_calls: list[ProgramCall]
+  steps_run: int
+  num_prompts: int
+  num_samples: int
+
+
+@flax.struct.dataclass
+class FullSequence:
+  """prompt ++ completion, the view a train step consumes.
+
+  Off by one: logits at position s predict token s+1. Score completion tokens with
+  `log_softmax(logits_BSV[:, :-1])` gathered at `tokens_BS[:, 1:]`, masked by `loss_mask_BS[:, 1:]`.
+  """
+  tokens_BS: jax.Array
+  positions_BS: jax.Array    # cumsum(mask) - 1: the positions the sampler used
+  mask_BS: jax.Array         # attention mask: real prompt tokens and masked-in completion tokens
+  loss_mask_BS: jax.Array    # 1 only on masked-in completion tokens
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+
+def analytic_forward_flops(cfg: ModelConfig, *, tokens: float, context: float,
+                           logit_tokens: float | None = None) -> float:
+  """Useful forward FLOPs: 2·(non-embedding params)·tokens + 2·D·V per token whose logits are
+  computed (`logit_tokens`, default all) + 4·L·N·H·context per token for QK^T and PV, where
+  `context` is the mean number of keys a token attends to."""
+  logit_tokens = tokens if logit_tokens is None else logit_tokens
+  dense = 2.0 * cfg.num_params(include_embedding=False) * tokens
+  head = 2.0 * cfg.d_model * cfg.vocab_size * logit_tokens
+  attn = 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context * tokens
+  return dense + head + attn
+
+
+def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, float]:
+  """(prefill, decode) analytic FLOPs of the real tokens. Prefill: every prompt token once, logits
+  at the last one. Decode: a row of completion length L forwards its first L-1 tokens, token j
+  (0-based) attending to prompt_len + j + 1 keys."""
+  p = np.asarray(prompt_lens, np.float64)
+  prefill = analytic_forward_flops(cfg, tokens=p.sum(), context=(p * (p + 1) / 2).sum() / p.sum(),
+                                   logit_tokens=len(p))
+  p_B = np.repeat(p, len(lengths_B) // len(p))
+  fed_B = np.maximum(np.asarray(lengths_B, np.float64) - 1, 0)
+  ctx = (fed_B * p_B + fed_B * (fed_B + 1) / 2).sum()
+  decode = analytic_forward_flops(cfg, tokens=fed_B.sum(), context=ctx / max(fed_B.sum(), 1))
+  return float(prefill), float(decode)
+
+
+# --------------------------------------------------------------------------------- sampling
+
+def _filter_top_k_top_p(scaled_BV, top_k, top_p):
+  """-inf outside top-k (ties at the k-th value kept), then outside the smallest top-p nucleus of
+  the renormalised top-k distribution (HF warper order)."""
+  V = scaled_BV.shape[-1]
+  sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
+  k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
+  kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
+  in_k_BV = jnp.arange(V) < k
+  probs_BV = jax.nn.softmax(jnp.where(in_k_BV, sorted_BV, -jnp.inf), axis=-1)
+  mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
+  # top_p >= 1 keeps all of top-k even where rounding pushes the running mass to 1.
+  in_p_BV = (mass_before_BV < top_p) | (top_p >= 1.0)
+  n_keep_B1 = jnp.sum(in_p_BV & in_k_BV, axis=-1, keepdims=True)
+  pth_B1 = jnp.take_along_axis(sorted_BV, jnp.maximum(n_keep_B1, 1) - 1, axis=-1)
+  keep_BV = (scaled_BV >= kth_B1) & (scaled_BV >= pth_B1)
+  return jnp.where(keep_BV, scaled_BV, -jnp.inf)
+
+
+def _inverse_cdf(u_B, scaled_BV):
+  """The token i with cdf[i-1] <= u·total < cdf[i] under softmax(scaled_BV), u ~ U[0, 1).
+
+  Gumbel-max would need V random numbers per row and a full-vocab cumsum is slow on CPU, so the
+  cdf is taken in two levels: over blocks of ~sqrt(V) tokens, then inside the chosen block. The
+  clamps only act when rounding puts u·total outside the sums; they keep zero-weight tokens
+  (top-k/top-p exclusions, vocab padding) unreachable.
+  """
+  B, V = scaled_BV.shape
+  blk = 1 << max(0, math.ceil(math.log2(math.sqrt(V))))
+  nb = -(-V // blk)
+  w_BV = jnp.exp(scaled_BV - jnp.max(scaled_BV, axis=-1, keepdims=True))
+  w_BNb = jnp.pad(w_BV, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
+  bsum_BN = jnp.sum(w_BNb, axis=-1)
+  bcum_BN = jnp.cumsum(bsum_BN, axis=-1)
+  target_B = u_B * bcum_BN[:, -1]
+  last_blk_B = jnp.max(jnp.where(bsum_BN > 0, jnp.arange(nb), 0), axis=-1)
+  j_B = jnp.minimum(jnp.sum(bcum_BN <= target_B[:, None], axis=-1), last_blk_B)
+  pick = lambda x_BN: jnp.take_along_axis(x_BN, j_B[:, None], axis=1)[:, 0]
+  w_Bb = jnp.take_along_axis(w_BNb, j_B[:, None, None], axis=1)[:, 0]
+  cdf_Bb = (pick(bcum_BN) - pick(bsum_BN))[:, None] + jnp.cumsum(w_Bb, axis=-1)
+  pos_Bb = w_Bb > 0
+  first_B = jnp.argmax(pos_Bb, axis=-1)
+  last_B = blk - 1 - jnp.argmax(pos_Bb[:, ::-1], axis=-1)
+  i_B = jnp.clip(jnp.sum(cdf_Bb <= target_B[:, None], axis=-1), first_B, last_B)
+  return (j_B * blk + i_B).astype(jnp.int32)
+
+
+def _picked_logprob(x_BV, tok_B):
+  """log_softmax(x)[tok] without materialising the [B, V] log-softmax."""
+  return (jnp.take_along_axis(x_BV, tok_B[:, None], axis=-1)[:, 0]
+          - jax.nn.logsumexp(x_BV, axis=-1))
+
+
+def _sample(logits_BV, u_B, sp: SamplingParams):
+  """(token, policy log-prob at temperature 1, sampling-distribution log-prob) per row."""
+  logits_BV = logits_BV.astype(jnp.float32)
+
+  def sampled(_):
+    scaled_BV = logits_BV / sp.temperature
+    scaled_BV = jax.lax.cond(sp.filtering, _filter_top_k_top_p, lambda x, *_: x, scaled_BV,
+                             sp.top_k, sp.top_p)
+    tok_B = _inverse_cdf(u_B, scaled_BV)
+    return tok_B, _picked_logprob(scaled_BV, tok_B)
+
+  def greedy(_):
+    tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    return tok_B, jnp.zeros(tok_B.shape, jnp.float32)
+
+  tok_B, slp_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
+  return tok_B, _picked_logprob(logits_BV, tok_B), slp_B
+
+
+def _advance(state: SamplingState, logits_BV, sp: SamplingParams):
+  """Samples completion token `state.t` for every row, records it, updates per-row stops."""
+  u_B = jax.lax.dynamic_index_in_dim(state.uniform_BT, state.t, axis=1, keepdims=False)
+  tok_B, lp_B, slp_B = _sample(logits_BV, u_B, sp)
+  live_B = ~state.done_B
+  tok_B = jnp.where(live_B, tok_B, sp.pad_id)
+  recent_BW = jnp.concatenate([state.recent_BW[:, 1:], tok_B[:, None]], axis=1)
+  hit_eos_B = jnp.any(tok_B[:, None] == sp.eos_E[None, :], axis=-1)
+  match_BXW = (sp.stops_XW[None] == recent_BW[:, None]) | (sp.stops_XW[None] < 0)
+  hit_stop_B = jnp.any(jnp.all(match_BXW, axis=-1) & sp.stop_valid_X[None], axis=-1)
+  col = lambda buf, v: buf.at[:, state.t].set(v)
+  return state.replace(
+      t=state.t + 1, last_B=tok_B, tokens_BT=col(state.tokens_BT, tok_B),
+      mask_BT=col(state.mask_BT, live_B),
+      logprobs_BT=col(state.logprobs_BT, jnp.where(live_B, lp_B, 0.0)),
+      sampling_logprobs_BT=col(state.sampling_logprobs_BT, jnp.where(live_B, slp_B, 0.0)),
+      done_B=state.done_B | (live_B & (hit_eos_B | hit_stop_B)),
+      lengths_B=state.lengths_B + live_B.astype(jnp.int32), recent_BW=recent_BW)
+
+
+def _constrain(state: SamplingState, mesh) -> SamplingState:
+  """Rows over the batch mesh axes; other dims left to the compiler."""
+  if mesh is None:
+    return state
+  def put(x):
+    if x.ndim == 0:
+      return x
+    spec = P(shd.BATCH_AXES, *([P.UNCONSTRAINED] * (x.ndim - 1)))
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+  return jax.tree.map(put, state)
+
+
+# ------------------------------------------------------------------------- jitted programs
+
+_STATIC = ("cfg", "mesh")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("max_new_tokens", "num_samples"))
+def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg, max_new_tokens,
+             num_samples, mesh) -> SamplingState:
+  """Prompt forward once, cache repeated G times, completion token 0 sampled for every row."""
+  B, Pn = prompt_BP.shape
+  G, T = num_samples, max_new_tokens
+  positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1) - 1, 0)
+  cache = init_cache(cfg, B, Pn + T - 1)
+  hidden_BPD, cache = Transformer(cfg).apply({"params": params}, prompt_BP, positions_BP, mask_BP,
+                                             cache, return_hidden=True)
+  logits_BV = lm_head(params, cfg, hidden_BPD[:, -1:])[:, 0]  # left-padded: last slot is real
+  rep = lambda x: jnp.repeat(x, G, axis=0)
+  cache = KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)),
+                  valid_BS=rep(cache.valid_BS), index=cache.index)
+  R = B * G
+  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
+    rng = jax.random.key_data(rng)
+  rng = jax.random.wrap_key_data(rng)
+  uniform_BT = jax.vmap(lambda r: jax.random.uniform(jax.random.fold_in(rng, r), (T,)))(
+      jnp.arange(R))
+  W = sp.stops_XW.shape[1]
+  state = SamplingState(
+      t=jnp.zeros((), jnp.int32), last_B=jnp.zeros((R,), jnp.int32),
+      position_B=rep(jnp.sum(mask_BP, axis=1, dtype=jnp.int32)), cache=cache,
+      uniform_BT=uniform_BT,
+      tokens_BT=jnp.full((R, T), sp.pad_id, jnp.int32), mask_BT=jnp.zeros((R, T), bool),
+      logprobs_BT=jnp.zeros((R, T), jnp.float32),
+      sampling_logprobs_BT=jnp.zeros((R, T), jnp.float32),
+      done_B=~rep(real_B), lengths_B=jnp.zeros((R,), jnp.int32),
+      recent_BW=jnp.full((R, W), -1, jnp.int32))
+  state = _advance(_constrain(state, mesh), rep(logits_BV), sp)
+  return _constrain(state, mesh)
+
+
+def _decode_step(params, state: SamplingState, sp: SamplingParams, *, cfg, mesh) -> SamplingState:
+  """One loop iteration: feed the last token, sample the next."""
+  B = state.last_B.shape[0]
+  logits_B1V, cache = Transformer(cfg).apply({"params": params}, state.last_B[:, None],
+                                             state.position_B[:, None], jnp.ones((B, 1), bool),
+                                             state.cache)
+  state = state.replace(cache=cache, position_B=state.position_B + 1)
+  return _constrain(_advance(state, logits_B1V[:, 0], sp), mesh)
+
+
+# A separately jitted single step: its cost analysis is the per-iteration cost of the loop.
+_decode_step_jit = jax.jit(_decode_step, static_argnames=_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("max_new_tokens",),
+                   donate_argnames=("state",))
+def _decode_loop(params, state: SamplingState, sp: SamplingParams, *, cfg, max_new_tokens,
+                 mesh) -> SamplingState:
+  cond = lambda s: (s.t < max_new_tokens) & ~jnp.all(s.done_B)
+  body = lambda s: _decode_step(params, s, sp, cfg=cfg, mesh=mesh)
+  return jax.lax.while_loop(cond, body, state)
+
+
+@jax.jit
+def _full_sequence(prompt_BP, prompt_mask_BP, completion_BT, completion_mask_BT) -> FullSequence:
+  mask_BS = jnp.concatenate([prompt_mask_BP, completion_mask_BT], axis=1)
+  return FullSequence(
+      tokens_BS=jnp.concatenate([prompt_BP, completion_BT], axis=1),
+      positions_BS=jnp.maximum(jnp.cumsum(mask_BS, axis=1) - 1, 0).astype(jnp.int32),
+      mask_BS=mask_BS,
+      loss_mask_BS=jnp.concatenate([jnp.zeros_like(prompt_mask_BP), completion_mask_BT], axis=1))
+
+
+def full_sequence(result: RolloutResult) -> FullSequence:
+  """tokens / positions / attention mask / loss mask over prompt ++ completion (see FullSequence)."""
+  return _full_sequence(result.prompt_BP, result.prompt_mask_BP, result.completion_BT,
+                        result.completion_mask_BT)
+
+
+# ------------------------------------------------------------------------------------- host
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def bucket_length(n: int, buckets: Sequence[int]) -> int:
+  """The smallest bucket >= n."""
+  for b in sorted(buckets):
+    if b >= n:
+      return b
+  raise ValueError(f"prompt length {n} exceeds the largest prompt bucket {max(buckets)}")
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], *, length: int, pad_id: int, rows: int | None = None):
+  """Left-pads token lists into numpy (tokens [rows, length] int32, mask [rows, length] bool);
+  rows beyond len(prompts) are all padding."""
+  rows = len(prompts) if rows is None else rows
+  tok = np.full((rows, length), pad_id, np.int32)
+  mask = np.zeros((rows, length), bool)
+  for i, p in enumerate(prompts):
+    if p:
+      tok[i, length - len(p):] = p
+      mask[i, length - len(p):] = True
+  return tok, mask
+
+
+class Sampler:
+  """Group rollouts from a model config. Programs compile once per (prompt bucket, number of
+  prompts, num_samples); greedy, temperature, top-k/p, EOS ids and most stop sets are arguments.
+
+  prompt_buckets: sorted prompt lengths to pad to (default: powers of two from 8 up to
+  cfg.max_seq_len). eos_id: an id, several ids, or None (no EOS stop). mesh: None for one device,
+  else rows are sharded over the mesh's ("data", "fsdp") axes (parameters may be sharded already).
+  """
+
+  def __init__(self, cfg: ModelConfig, *, max_new_tokens: int, eos_id: int | Sequence[int] | None,
+               pad_id: int, prompt_buckets: Sequence[int] | None = None, mesh=None):
+    if max_new_tokens < 1:
+      raise ValueError(f"Sampler: {max_new_tokens=} must be >= 1")
+    self.cfg, self.max_new_tokens, self.pad_id, self.mesh = cfg, max_new_tokens, pad_id, mesh
+    eos = () if eos_id is None else ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id)
+    self.eos_ids = tuple(int(e) for e in eos)
+    if prompt_buckets is None:
+      prompt_buckets, b = [], 8
+      while b < cfg.max_seq_len:
+        prompt_buckets.append(b)
+        b *= 2
+      prompt_buckets.append(cfg.max_seq_len)
+    self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
+    self._batch_shards = 1 if mesh is None else int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES]))
+
+  def _place(self, x, batched: bool):
+    if self.mesh is None:
+      return jnp.asarray(x)
+    divisible = batched and x.shape[0] % self._batch_shards == 0
+    return jax.device_put(x, shd.batch_sharding(self.mesh, x.ndim) if divisible
+                          else shd.replicated(self.mesh))
+
+  def _place_params(self, params):
+    if self.mesh is None:
+      return params
+    def put(x):
+      s = getattr(x, "sharding", None)
+      on_mesh = isinstance(s, NamedSharding) and s.mesh == self.mesh
+      return x if on_mesh else jax.device_put(x, shd.replicated(self.mesh))
+    return jax.tree.map(put, params)
+
+  def _check(self, prompts, num_samples, temperature, top_k, top_p, stop_sequences):
+    if not prompts:
+      raise ValueError("Sampler.generate: prompts is empty")
+    V = self.cfg.vocab_size
+    for i, p in enumerate(prompts):
+      if not len(p):
+        raise ValueError(f"Sampler.generate: prompts[{i}] is empty (at least one token is needed)")
+      if min(p) < 0 or max(p) >= V:
+        raise ValueError(f"Sampler.generate: prompts[{i}] has ids outside [0, {V})")
+      if len(p) + self.max_new_tokens > self.cfg.max_seq_len:
+        raise ValueError(f"Sampler.generate: prompts[{i}] length {len(p)} + max_new_tokens="
+                         f"{self.max_new_tokens} exceeds cfg.max_seq_len={self.cfg.max_seq_len}")
+    if num_samples < 1:
+      raise ValueError(f"Sampler.generate: {num_samples=} must be >= 1")
+    if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+      raise ValueError(f"Sampler.generate: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got "
+                       f"{temperature=}, {top_k=}, {top_p=}")
+    if any(not len(s) for s in stop_sequences):
+      raise ValueError("Sampler.generate: stop_sequences contains an empty sequence")
+
+  def generate(self, params, prompts: Sequence[Sequence[int]], rng: jax.Array, *,
+               num_samples: int = 1, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, greedy: bool = False,
+               stop_sequences: Sequence[Sequence[int]] = ()) -> RolloutResult:
+    """Samples `num_samples` completions per prompt (rows [p0 x G, p1 x G, ...]).
+
+    temperature 0 means greedy. Returned `logprobs_BT` are always the temperature-1 policy's
+    (raw-logit log-softmax) at the sampled tokens; see the module docstring.
+    """
+    self._check(prompts, num_samples, temperature, top_k, top_p, stop_sequences)
+    greedy = bool(greedy or temperature == 0)
+    filtering = not greedy and (top_k > 0 or top_p < 1.0)
+    n, G, T = len(prompts), num_samples, self.max_new_tokens
+    b_pad = n  # fewest dummy prompts so that the B·G rows split evenly over the batch shards
+    while (b_pad * G) % self._batch_shards:
+      b_pad += 1
+    length = bucket_length(max(len(p) for p in prompts), self.prompt_buckets)
+    tok_np, mask_np = pad_prompts(prompts, length=length, pad_id=self.pad_id, rows=b_pad)
+    # Stop-set shapes rounded up (X to a power of two >= 2, W to a multiple of 4) so that most
+    # stop sets, none included, share one program.
+    W = _round_up(max([len(s) for s in stop_sequences] or [1]), 4)
+    X = max(2, 1 << (len(stop_sequences) - 1).bit_length())
+    stops = np.full((X, W), -1, np.int32)
+    for i, s in enumerate(stop_sequences):
+      stops[i, W - len(s):] = s
+    eos = np.full(_round_up(max(len(self.eos_ids), 1), 4), -1, np.int32)
+    eos[:len(self.eos_ids)] = self.eos_ids
+    sp = SamplingParams(
+        greedy=jnp.bool_(greedy), filtering=jnp.bool_(filtering),
+        temperature=jnp.float32(temperature if not greedy else 1.0), top_k=jnp.int32(top_k),
+        top_p=jnp.float32(top_p), pad_id=jnp.int32(self.pad_id), eos_E=jnp.asarray(eos),
+        stops_XW=jnp.asarray(stops), stop_valid_X=jnp.asarray(np.arange(X) < len(stop_sequences)))
+    if self.mesh is not None:
+      sp = jax.device_put(sp, shd.replicated(self.mesh))
+    params = self._place_params(params)
+    prompt_BP, mask_BP = self._place(tok_np, True), self._place(mask_np, True)
+    real_B = self._place(np.arange(b_pad) < n, True)
+    static = dict(cfg=self.cfg, mesh=self.mesh)
+    prefill_args = (params, prompt_BP, mask_BP, real_B, rng, sp)
+    prefill_kwargs = dict(static, max_new_tokens=T, num_samples=G)
+    state = _prefill(*prefill_args, **prefill_kwargs)
+    step_args = jax.tree.map(shape_struct, (params, state, sp))
+    state = _decode_loop(params, state, sp, max_new_tokens=T, **static)
+    steps_run = int(state.t) - 1
+
+    cut = (lambda x: x) if b_pad == n else (lambda x: x[:n * G])
+    useful_prefill, useful_decode = _useful_flops(self.cfg, [len(p) for p in prompts],
+                                                  jax.device_get(cut(state.lengths_B)))
+    calls = [
+        ProgramCall("rollout/prefill", _prefill, jax.tree.map(shape_struct, prefill_args),
+                    prefill_kwargs, calls=1, useful=useful_prefill),
+        ProgramCall("rollout/decode", _decode_step_jit, step_args, dict(static), calls=steps_run,
+                    useful=useful_decode),
+    ]
+    rep = lambda x: jnp.repeat(x, G, axis=0)
+    return RolloutResult(
+        prompt_BP=cut(rep(prompt_BP)), prompt_mask_BP=cut(rep(mask_BP)),
+        completion_BT=cut(state.tokens_BT), completion_mask_BT=cut(state.mask_BT),
+        lengths_B=cut(state.lengths_B), logprobs_BT=cut(state.logprobs_BT),
+        sampling_logprobs_BT=cut(state.sampling_logprobs_BT), program_calls=calls,
+        steps_run=steps_run, num_prompts=n, num_samples=G)
