@@ -1,0 +1,135 @@
+"""The domain interface shared by toy, reasoning-gym and real-data domains.
+
+A domain generates `Example`s for a split ("train" or "test"; disjoint by construction), formats
+prompts, extracts answers from completions and verifies a completion to a reward in [0, 1].
+`verify` never raises: junk completions score 0. `verify_many` is the batched form the GRPO loop
+calls once per step (code domains send the whole batch to the sandbox pool at once).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+import random
+import zlib
+from typing import Any, Mapping, Sequence
+
+SPLITS = ("train", "test")
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+  """One task instance.
+
+  prompt: the text the model is conditioned on. reference: what `verify` checks against (JSON-able).
+  solution: a short gold completion for supervised warm-up ("" when the domain has none).
+  domain: the registry name of the domain that made it. metadata: split, index, difficulty, ...
+  """
+  prompt: str
+  reference: Any
+  solution: str
+  domain: str
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def check_split(split: str) -> str:
+  if split not in SPLITS:
+    raise ValueError(f"split={split!r} must be one of {SPLITS}")
+  return split
+
+
+def stable_seed(*parts: Any) -> int:
+  """A seed that is the same in every process and Python version (unlike hash())."""
+  return zlib.crc32(repr(parts).encode()) ^ (zlib.adler32(repr(parts[::-1]).encode()) << 32)
+
+
+def rng_for(*parts: Any) -> random.Random:
+  return random.Random(stable_seed(*parts))
+
+
+def clamp_reward(x: Any) -> float:
+  try:
+    x = float(x)
+  except (TypeError, ValueError):
+    return 0.0
+  return 0.0 if math.isnan(x) else min(1.0, max(0.0, x))
+
+
+class Domain(abc.ABC):
+  """Base class. Subclasses implement `generate` and `score` (and usually `extract_answer`)."""
+
+  name: str = ""
+  uses_sandbox: bool = False
+
+  @abc.abstractmethod
+  def generate(self, split: str, n: int, seed: int, difficulty: int | None = None
+               ) -> list[Example]:
+    """n examples of `split`, a deterministic function of (split, n, seed, difficulty)."""
+
+  def format_prompt(self, question: str) -> str:
+    """The prompt the model sees for a raw question (toy domains: the question itself)."""
+    return question
+
+  def extract_answer(self, completion: str) -> str | None:
+    """The answer part of a completion: its first line, stripped (None if empty)."""
+    line = completion.strip().split("\n", 1)[0].strip()
+    return line or None
+
+  @abc.abstractmethod
+  def score(self, example: Example, completion: str) -> float:
+    """Reward in [0, 1]; may raise on junk (verify turns that into 0)."""
+
+  def verify(self, example: Example, completion: str) -> float:
+    """Reward in [0, 1]; never raises."""
+    try:
+      return clamp_reward(self.score(example, completion))
+    except Exception:  # pylint: disable=broad-except
+      return 0.0
+
+  def verify_many(self, examples: Sequence[Example], completions: Sequence[str], *,
+                  pool: Any = None) -> list[float]:
+    """Batched verify (one call per GRPO step). `pool` is a SandboxPool for code domains."""
+    del pool
+    return [self.verify(e, c) for e, c in zip(examples, completions, strict=True)]
+
+  def __repr__(self) -> str:
+    return f"{type(self).__name__}(name={self.name!r})"
+
+
+class ToyDomain(Domain):
+  """A procedural domain whose examples are generated one index at a time.
+
+  `example(split, index, seed, difficulty)` is random access, so data pipelines can draw from
+  an unbounded stream without materialising it; `generate` is that for indices 0..n-1.
+  """
+
+  max_difficulty: int = 3
+
+  def __init__(self, difficulty: int = 1):
+    self.difficulty = self._check_difficulty(difficulty)
+
+  def _check_difficulty(self, difficulty: int | None) -> int:
+    d = self.difficulty if difficulty is None else difficulty
+    if not isinstance(d, int) or not 0 <= d <= self.max_difficulty:
+      raise ValueError(f"{self.name}: difficulty={d!r} must be an int in "
+                       f"[0, {self.max_difficulty}]")
+    return d
+
+  @abc.abstractmethod
+  def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
+    """One example of `split` drawn with `rng` (the split rule lives here)."""
+
+  def example(self, split: str, index: int, seed: int, difficulty: int | None = None) -> Example:
+    check_split(split)
+    d = self._check_difficulty(difficulty)
+    ex = self._make(split, rng_for(self.name, split, seed, d, index), d)
+    return dataclasses.replace(ex, metadata={**ex.metadata, "split": split, "index": index,
+                                             "seed": seed, "difficulty": d})
+
+  def generate(self, split: str, n: int, seed: int, difficulty: int | None = None
+               ) -> list[Example]:
+    return [self.example(split, i, seed, difficulty) for i in range(n)]

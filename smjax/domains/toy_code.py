@@ -1,0 +1,125 @@
+"""Toy `code`: write the body of f from input/output examples, run against hidden tests.
+
+  prompt "f(23)=58;f(x)="          solution "x+35"
+  prompt "f(0)=27,f(1)=34;f(x)="   solution "7*x+27"       (difficulty 3)
+
+The completion is a Python expression in `x`, run in the sandbox on hidden tests: the shown
+inputs and four more in 0..199. It scores 1 iff every output equals the gold program's, so any
+equivalent expression counts ("35+x"), and echoing the shown output ("58") does not. Syntax
+errors and expressions that never name x score 0 on the host, and repeated completions in a
+batch (common within a GRPO group) are run once.
+
+difficulty 0: f(x) = x+c, x, c in 0..9;  1: x+c, x, c in 0..99;  2: x+c or x-c in 0..99;
+3: f(x) = a*x+c, a in 2..99, c in 0..99, shown at x = 0 and 1.
+
+Held-out split, disjoint by construction: the pair (x, c) (difficulty 3: (a, c)) is held out iff
+(3·digitsum + digitsum) mod 5 == 0, as for `math`. Every digit column, borrow and carry of
+the subtraction that recovers c occurs in training; no held-out program/input pair does.
+
+Calibration (2-layer d64 char model, batch 64, Adam 3e-3, greedy exact match; train / held-out):
+difficulty 1 reached 2/2% after 200 steps, 5/7% after 400, 58/60% after 800; difficulty 2
+3/3%, 4/3%, 8/9%. A slice-synthesis variant ("qbzhem->bhm:" -> "x[1::2]") was tried first and
+stayed at 20% train / 0% held-out after 800 steps: reading positions through two attention hops
+was too hard at that size.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Sequence
+
+from smjax.domains.base import Example, ToyDomain
+from smjax.domains.toy_math import is_held_out
+from smjax.rewards.sandbox import Job, Limits
+
+NUM_HIDDEN = 4
+MAX_PROGRAM_CHARS = 64
+LIMITS = Limits(timeout_s=1.0, memory_mb=256)
+
+
+def gold_value(a: int, c: int, sign: int, x: int) -> int:
+  """The gold program f(x) = a*x + sign*c, evaluated without running any code."""
+  return a * x + sign * c
+
+
+class CodeDomain(ToyDomain):
+  """Program synthesis from input/output examples; see the module docstring."""
+
+  name = "code"
+  uses_sandbox = True
+
+  def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
+    want_test = split == "test"
+    hi = 9 if difficulty == 0 else 99
+    while True:
+      if difficulty == 3:
+        a, c = rng.randint(2, 99), rng.randint(0, 99)
+        key, shown = (a, c), [0, 1]
+      else:
+        a, x, c = 1, rng.randint(0, hi), rng.randint(0, hi)
+        key, shown = (x, c), [x]
+      if is_held_out(*key) == want_test:
+        break
+    sign = -1 if difficulty == 2 and rng.random() < 0.5 else 1
+    inputs = shown + [rng.randint(0, 199) for _ in range(NUM_HIDDEN)]
+    outputs = [gold_value(a, c, sign, x) for x in inputs]
+    prompt = ",".join(f"f({x})={y}" for x, y in zip(shown, outputs)) + ";f(x)="
+    if difficulty == 3:
+      solution = f"{a}*x+{c}"
+    else:
+      solution = f"x{'+' if sign > 0 else '-'}{c}"
+    return Example(prompt=prompt, reference={"inputs": inputs, "outputs": outputs},
+                   solution=solution, domain=self.name,
+                   metadata={"a": a, "c": c, "sign": sign})
+
+  def job(self, example: Example, completion: str) -> Job | None:
+    """The sandbox job for a completion, or None when it is sure to fail: not an expression, or
+    an expression that never reads x (a constant cannot match different outputs)."""
+    program = self.extract_answer(completion)
+    if program is None or len(program) > MAX_PROGRAM_CHARS:
+      return None
+    try:  # cheap host-side check of a short input (compiling does not run it)
+      code = compile(program, "<candidate>", "eval")
+    except (SyntaxError, ValueError):
+      return None
+    if "x" not in _names(code) and len(set(example.reference["outputs"])) > 1:
+      return None
+    return Job(program, kind="expr", arg_names=("x",),
+               calls=tuple((x,) for x in example.reference["inputs"]), limits=LIMITS)
+
+  def score(self, example: Example, completion: str) -> float:
+    return self.verify_many([example], [completion])[0]
+
+  def verify(self, example: Example, completion: str) -> float:
+    try:
+      return self.score(example, completion)
+    except Exception:  # pylint: disable=broad-except
+      return 0.0
+
+  def verify_many(self, examples: Sequence[Example], completions: Sequence[str], *,
+                  pool: Any = None) -> list[float]:
+    """One sandbox run for the whole batch (each distinct job once)."""
+    from smjax.rewards.sandbox import default_pool  # pylint: disable=import-outside-toplevel
+    jobs = [self.job(e, c) for e, c in zip(examples, completions, strict=True)]
+    return run_deduplicated(jobs, lambda i, r: float(r.matches(examples[i].reference["outputs"])),
+                            pool or default_pool())
+
+
+def _names(code) -> set[str]:
+  """Every global/attribute name a code object (or any nested one) refers to."""
+  names = set(code.co_names)
+  for const in code.co_consts:
+    if hasattr(const, "co_names"):
+      names |= _names(const)
+  return names
+
+
+def run_deduplicated(jobs: Sequence[Job | None], reward: Any, pool: Any) -> list[float]:
+  """Runs each distinct job once (GRPO groups repeat completions) and scores every position with
+  reward(index, result); None jobs score 0."""
+  first: dict[Job, int] = {}
+  for i, j in enumerate(jobs):
+    if j is not None:
+      first.setdefault(j, i)
+  results = dict(zip(first, pool.run(list(first)))) if first else {}
+  return [0.0 if j is None else reward(i, results[j]) for i, j in enumerate(jobs)]

@@ -1,0 +1,60 @@
+"""Toy `logic`: transitive inference. Order the items of a chain given its links in any order.
+
+  prompt "q<m,t>m:"  solution "qmt"        (q < m, t > m, so q < m < t)
+
+difficulty d: a chain of n = 3 + d distinct random letters (up to 21-char prompts). The n - 1
+links are listed in a random order, each written as "a<b" or as "b>a".
+
+Held-out split, disjoint by construction (a template split): a template is the order in which
+the links are listed plus the direction each is written in; a fixed quarter of the templates
+(by a CRC of the template) is used only for the held-out split. Each link position, link and
+direction occurs in training; the held-out combinations of them never do.
+
+Calibration (2-layer d64 char model, batch 64, Adam 3e-3, greedy exact match; train / held-out):
+difficulty 1 reached 5/4% after 200 steps, 8/8% after 400, 24/19% after 800; difficulty 2
+1/0%, 2/1%, 3/2%.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+import zlib
+
+from smjax.domains.base import Example, ToyDomain
+
+
+def template_key(order: list[int], directions: list[int]) -> str:
+  """order[p]: which chain link is listed at position p; directions[p]: 1 if written with '>'."""
+  return "".join(map(str, order)) + "|" + "".join(map(str, directions))
+
+
+def is_held_out(order: list[int], directions: list[int]) -> bool:
+  return zlib.crc32(template_key(order, directions).encode()) % 4 == 0
+
+
+class LogicDomain(ToyDomain):
+  """Chain ordering; see the module docstring."""
+
+  name = "logic"
+
+  def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
+    n = 3 + difficulty
+    want_test = split == "test"
+    while True:
+      order = rng.sample(range(n - 1), n - 1)
+      directions = [rng.randint(0, 1) for _ in range(n - 1)]
+      if is_held_out(order, directions) == want_test:
+        break
+    chain = rng.sample(string.ascii_lowercase, n)
+    links = []
+    for link, flip in zip(order, directions):
+      lo, hi = chain[link], chain[link + 1]
+      links.append(f"{hi}>{lo}" if flip else f"{lo}<{hi}")
+    answer = "".join(chain)
+    return Example(prompt=",".join(links) + ":", reference=answer, solution=answer,
+                   domain=self.name,
+                   metadata={"template": template_key(order, directions)})
+
+  def score(self, example: Example, completion: str) -> float:
+    return float(self.extract_answer(completion) == example.reference)

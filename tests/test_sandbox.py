@@ -1,0 +1,313 @@
+"""Sandbox tests: correct behaviour, and attacks that must score 0, end in time and leave the host
+as it was (files outside the sandbox and processes are checked after every attack).
+
+Attacks run under every isolation mode this machine offers (bwrap, unshare); at least one must
+work, since the project's setup installs bubblewrap.
+"""
+
+import collections
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+
+import pytest
+
+from smjax.rewards import sandbox
+from smjax.rewards.sandbox import Job, Limits, SandboxPool
+
+MODES = [m for m in ("bwrap", "unshare") if sandbox.isolation_available(m)]
+T = 1.0  # per-attack wall-clock timeout
+SECRET = "smjax-secret-" + os.urandom(6).hex()
+
+
+def test_some_isolation_is_available():
+  assert MODES, "neither bwrap nor unshare works: run `apt-get install -y bubblewrap`"
+  assert sandbox.resolve_isolation("auto") in ("bwrap", "unshare")
+
+
+def _procs():
+  """pid -> (uid, ppid, state) for every process on the host."""
+  out = {}
+  for d in os.listdir("/proc"):
+    if d.isdigit():
+      try:
+        with open(f"/proc/{d}/status") as f:
+          fields = dict(line.split(":", 1) for line in f if ":" in line)
+      except OSError:
+        continue
+      out[int(d)] = (int(fields["Uid"].split()[0]), int(fields["PPid"]), fields["State"].split()[0])
+  return out
+
+
+def _descendants(root_pid, procs):
+  kids = collections.defaultdict(list)
+  for pid, (_, ppid, _) in procs.items():
+    kids[ppid].append(pid)
+  out, todo = set(), [root_pid]
+  while todo:
+    for k in kids[todo.pop()]:
+      out.add(k)
+      todo.append(k)
+  return out
+
+
+def _assert_no_candidate_processes(pool, *, allow_reapers):
+  """No process of the pool's uids is left, except (while the pool is open) one idle reaper per uid
+  whose parent is a root sandbox worker. Zombies being reaped by the namespace's init get 3 s."""
+  for _ in range(300):
+    procs = _procs()
+    mine = [(pid, uid, ppid) for pid, (uid, ppid, _) in procs.items() if uid in pool.uids]
+    per_uid = collections.Counter(uid for _, uid, _ in mine)
+    ok = all(c <= (1 if allow_reapers else 0) for c in per_uid.values()) and all(
+        procs.get(ppid, (None,))[0] == 0 for _, _, ppid in mine)
+    if ok:
+      return
+    time.sleep(0.01)
+  raise AssertionError(f"processes left behind by candidates: {mine}")
+
+
+@pytest.fixture(scope="module")
+def canary():
+  """A world-writable host directory with a world-writable file that candidates can see read-only:
+  only the mount (not file permissions) stops them from changing it."""
+  base = "/var/cache" if os.access("/var/cache", os.W_OK) else tempfile.gettempdir()
+  d = tempfile.mkdtemp(prefix="smjax-canary-", dir=base)
+  os.chmod(d, 0o777)
+  path = os.path.join(d, "canary.txt")
+  with open(path, "w") as f:
+    f.write("untouched")
+  os.chmod(path, 0o666)
+  yield d
+  shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=MODES)
+def pool(request, canary):
+  os.environ["SMJAX_SECRET"] = SECRET  # must not reach candidates
+  before = _descendants(os.getpid(), _procs())
+  p = SandboxPool(2, isolation=request.param, ro_binds=[canary])
+  yield p
+  p.close()
+  _assert_no_candidate_processes(p, allow_reapers=False)
+  left = _descendants(os.getpid(), _procs()) - before
+  assert not left, f"sandbox processes still running after close(): {left}"
+  del os.environ["SMJAX_SECRET"]
+
+
+def _run(pool, job):
+  start = time.monotonic()
+  (r,) = pool.run([job])
+  wall = time.monotonic() - start
+  assert r.seconds <= job.limits.timeout_s + 2.0, r  # termination, not speed: generous
+  assert wall <= job.limits.timeout_s + 10.0, wall
+  _assert_no_candidate_processes(pool, allow_reapers=True)
+  return r
+
+
+def _io(program, calls, expected, *, kind="module", limits=Limits(timeout_s=T)):
+  return Job(program, kind=kind, calls=tuple(calls), limits=limits), expected
+
+
+# ----------------------------------------------------------------------------------- positives
+def test_io_job_returns_type_exact_outputs(pool):
+  r = _run(pool, Job("def f(a, b):\n  return [a + b, (a, str(b)), {a: None}]\n",
+                     calls=((1, 2), (3, 4))))
+  assert r.status == "ok"
+  assert r.matches([[3, (1, "2"), {1: None}], [7, (3, "4"), {3: None}]])
+  assert not r.matches([[3, [1, "2"], {1: None}], [7, (3, "4"), {3: None}]])  # tuple != list
+  assert not r.matches([[3.0, (1, "2"), {1: None}], [7, (3, "4"), {3: None}]])  # int != float
+
+
+def test_check_job_passes_and_fails(pool):
+  tests = "def check(candidate):\n  assert candidate(2) == 5\n  assert candidate(0) == 1\n"
+  good, bad = pool.run([Job("def f(x):\n  return 2 * x + 1\n", tests=tests),
+                        Job("def f(x):\n  return 2 * x\n", tests=tests)])
+  assert good.status == "ok" and good.passed is True, good
+  assert bad.passed is False and "AssertionError" in bad.detail, bad
+
+
+STDLIB = ("import math, json, collections, fractions\n"
+          "def f(x):\n  return math.isqrt(x), json.dumps([x]), str(fractions.Fraction(x, 4))\n")
+
+
+def test_candidates_import_the_real_standard_library(pool):
+  # (smjax/rewards/math.py must never shadow the candidates' `math`.)
+  r = _run(pool, Job(STDLIB, calls=((10,),)))
+  assert r.matches([(3, "[10]", "5/2")]), r
+
+
+def test_candidate_gets_fresh_empty_directory(pool):
+  prog = ("import os\ndef f(_):\n  open('mine.txt', 'w').write('x')\n"
+          "  return sorted(os.listdir('.')), len(os.environ)\n")
+  first, second = pool.run([Job(prog, calls=((0,),)), Job(prog, calls=((0,),))])
+  for r in (first, second):  # out.txt is the capped stdout file; mine.txt from this run only
+    assert r.matches([(["mine.txt", "out.txt"], 0)]), r
+
+
+# ----------------------------------------------------------------------------------- attacks
+def test_attack_infinite_loop(pool):
+  for kind, prog in (("expr", "[0 for _ in iter(int, 1)]"), ("module", "while True:\n  pass\n")):
+    r = _run(pool, Job(prog, kind=kind, entry="f", calls=((0,),), limits=Limits(timeout_s=T)))
+    assert r.status == "timeout" and not r.matches([0]), r
+
+
+def test_attack_fork_bomb(pool):
+  prog = ("import os\nwhile True:\n  try:\n    if os.fork() == 0:\n      os.setsid()\n"
+          "  except OSError:\n    pass\n")
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T)))
+  assert not r.matches([0]) and r.status in ("timeout", "crash"), r
+
+
+def test_attack_memory_bomb(pool):
+  prog = "def f(_):\n  x = [bytearray(1 << 26) for _ in range(200)]\n  return len(x)\n"
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T, memory_mb=256)))
+  assert not r.matches([200]) and r.outputs == [[0, "MemoryError"]], r
+
+
+def test_attack_huge_output(pool):
+  prog = "import sys\ndef f(_):\n  while True:\n    sys.stdout.write('x' * 100000)\n"
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T, output_bytes=100)))
+  # RLIMIT_FSIZE stops the writes (Python ignores SIGXFSZ, so the write raises EFBIG instead).
+  assert r.outputs == [[0, "OSError"]] or r.status == "crash", r.status
+  assert len(r.output) <= 100
+
+
+def test_attack_files_outside_directory(pool, canary):
+  escape = os.path.join(tempfile.gettempdir(), f"smjax-escape-{os.urandom(4).hex()}")
+  target = os.path.join(canary, "canary.txt")
+  prog = f"""import os
+def f(_):
+  done = []
+  for act in (lambda: open({target!r}, 'w').write('owned'), lambda: os.remove({target!r}),
+              lambda: open({canary!r} + '/new.txt', 'w').write('x'),
+              lambda: open({escape!r}, 'w').write('x'), lambda: os.chmod({canary!r}, 0o700)):
+    try:
+      act(); done.append(1)
+    except OSError:
+      done.append(0)
+  return done
+"""
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T)))
+  # The write to /tmp may succeed inside the sandbox's private tmpfs (unshare mode); the host's
+  # /tmp must not see it.
+  assert r.matches([[0, 0, 0, 0, 0]]) or r.matches([[0, 0, 0, 1, 0]]), r
+  with open(target) as f:
+    assert f.read() == "untouched"
+  assert sorted(os.listdir(canary)) == ["canary.txt"]
+  assert os.stat(canary).st_mode & 0o777 == 0o777
+  assert not os.path.exists(escape)
+
+
+def test_attack_reads_environment(pool):
+  prog = ("import os\ndef f(_):\n"
+          "  return os.environ.get('SMJAX_SECRET', '') or repr(dict(os.environ))\n")
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T)))
+  assert not r.matches([SECRET]), r
+  assert SECRET not in repr(r.outputs) and SECRET not in r.output
+
+
+def test_attack_kills_parent_then_pool_still_works(pool):
+  # (Return codes prove nothing here: killpg on a group it cannot signal may still return 0.)
+  prog = """import os
+def f(x):
+  for act in (lambda: os.kill(os.getppid(), 9), lambda: os.killpg(os.getpgid(os.getppid()), 9),
+              lambda: os.kill(1, 9), lambda: os.killpg(1, 9), lambda: os.kill(-1, 9)):
+    try:
+      act()
+    except OSError:
+      pass
+  return x
+"""
+  r = _run(pool, Job(prog, calls=((1,),), limits=Limits(timeout_s=T)))
+  # The worker (its parent) answered, so it survived (under unshare, killpg(0) may kill the
+  # candidate itself: a crash); the wrong answer scores 0.
+  assert r.status in ("ok", "crash") and "worker lost" not in r.detail, r
+  assert not r.matches([2])
+  ok = _run(pool, Job("x + 1", kind="expr", calls=((1,),)))
+  assert ok.matches([2]), ok
+
+
+def test_attack_exit_tricks_fake_success(pool):
+  tests = "def check(candidate):\n  assert candidate(2) == 5\n"
+  frame = "b'\\x00\\x00\\x00\\x04PASS'"
+  progs = [
+      "import os\nos._exit(0)\n",
+      "import sys\nsys.exit(0)\n",
+      "def f(x):\n  raise SystemExit(0)\n",
+      "def f(x):\n  import os\n  os._exit(0)\n",
+      f"import os\nfor fd in range(64):\n  try:\n    os.write(fd, b'PASS'); os.write(fd, {frame})\n"
+      "  except OSError:\n    pass\nos._exit(0)\n",
+  ]
+  results = pool.run([Job(p, tests=tests, limits=Limits(timeout_s=T)) for p in progs])
+  for p, r in zip(progs, results):
+    assert r.passed is False, (p, r)
+  io = _run(pool, Job("import os\nos._exit(0)\n", calls=((2,),), limits=Limits(timeout_s=T)))
+  assert not io.matches([5]), io
+  _assert_no_candidate_processes(pool, allow_reapers=True)
+
+
+def test_attack_opens_socket(pool):
+  with socket.socket() as srv:
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.setblocking(False)
+    port = srv.getsockname()[1]
+    prog = f"""import socket
+def f(_):
+  try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=0.5).sendall(b'hi')
+    return 'connected'
+  except OSError as e:
+    return type(e).__name__
+"""
+    r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T)))
+    assert not r.matches(["connected"]), r
+    with pytest.raises(BlockingIOError):
+      srv.accept()
+
+
+def test_attack_monkeypatches_harness(pool):
+  tests = ("def check(candidate):\n  assert candidate(3) == 10\n"
+           "  assert abs(candidate(1) - 4) < 1e-9\n")
+  prog = """import builtins, gc, sys
+class Liar:
+  def __eq__(self, other): return True
+  def __sub__(self, other): return 0
+builtins.AssertionError = type('Quiet', (Exception,), {})
+builtins.abs = lambda v: 0
+for mod in list(sys.modules.values()):
+  for name in ('write_msg', 'encode', 'decode', '_test_main', 'run_job', 'read_msg'):
+    if hasattr(mod, name):
+      setattr(mod, name, lambda *a, **k: None)
+for obj in gc.get_objects():
+  if callable(obj) and getattr(obj, '__name__', '') == 'check':
+    obj.__code__ = (lambda candidate: None).__code__
+def f(x):
+  return Liar()
+"""
+  r = _run(pool, Job(prog, tests=tests, limits=Limits(timeout_s=T)))
+  assert r.passed is False, r
+  r = _run(pool, Job(prog, calls=((3,),), limits=Limits(timeout_s=T)))
+  assert not r.matches([10]), r
+  liar = "class Liar:\n  def __eq__(self, other): return True\ndef f(x):\n  return Liar()\n"
+  r = _run(pool, Job(liar, calls=((3,),), limits=Limits(timeout_s=T)))
+  assert r.outputs == [[0, "TypeError"]], r  # only plain data crosses the boundary
+
+
+def test_none_mode_warns_loudly(caplog):
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    with SandboxPool(1, isolation="none") as p:
+      r, r2 = p.run([Job("x * 2", kind="expr", calls=((21,),)), Job(STDLIB, calls=((10,),))])
+  assert r.matches([42]) and r2.matches([(3, "[10]", "5/2")]), r2
+  assert any("NO ISOLATION" in str(x.message) for x in w)
+  assert "NO ISOLATION" in caplog.text
+
+
+def test_fresh_interpreter_mode():
+  with SandboxPool(2, fresh_interpreter=True) as p:
+    rs = p.run([Job("x * 2", kind="expr", calls=((i,),)) for i in range(4)])
+  assert [r.matches([2 * i]) for i, r in enumerate(rs)] == [True] * 4
