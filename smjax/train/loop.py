@@ -121,9 +121,16 @@ class RLRun:
     self.flops_offset = flops_offset
     self.checkpoint_fn, self.should_stop = checkpoint_fn, should_stop
     self.curve: list[dict] = []
-    self._next_eval_flops = loop.eval_every_flops or float("inf")
+    self.next_eval_flops = loop.eval_every_flops or float("inf")
 
   # -------------------------------------------------------------------------------- pieces
+  def set_eval_interval(self, every_flops: float) -> None:
+    """Evaluate whenever cumulative training FLOPs cross a multiple of `every_flops` (0: off)."""
+    self.loop = dataclasses.replace(self.loop, eval_every_flops=every_flops)
+    self.next_eval_flops = every_flops or float("inf")
+    while self.next_eval_flops <= self.training_flops():
+      self.next_eval_flops += every_flops
+
   def training_flops(self) -> float:
     return self.flops_offset + self.ledger.total(training_only=True)
 
@@ -191,12 +198,12 @@ class RLRun:
 
   # ---------------------------------------------------------------------------------- loop
   def run(self, state, *, start_step: int = 0) -> RunResult:
-    loop = self.loop
     if self.evaluator is not None and start_step == 0 and not self.curve:
       self.evaluate(state, 0)
     pending, last = None, {}
-    bar = tqdm(range(start_step, loop.steps), desc=self.name, disable=not loop.progress,
-               dynamic_ncols=True, initial=start_step, total=loop.steps)
+    bar = tqdm(range(start_step, self.loop.steps), desc=self.name,
+               disable=not self.loop.progress, dynamic_ncols=True, initial=start_step,
+               total=self.loop.steps)
     for i in bar:
       t0 = time.perf_counter()
       examples = next(self.prompts_iter)
@@ -209,16 +216,16 @@ class RLRun:
         last = self._finish(*pending, bar)
       pending = (i, metrics, host, time.perf_counter() - t0)
       done = i + 1
-      due_steps = loop.eval_every_steps and done % loop.eval_every_steps == 0
-      due_flops = self.training_flops() >= self._next_eval_flops
-      if self.evaluator is not None and (due_steps or due_flops or done == loop.steps):
-        while self._next_eval_flops <= self.training_flops():
-          self._next_eval_flops += loop.eval_every_flops
+      every = self.loop.eval_every_steps
+      due_steps = every and done % every == 0
+      due_flops = self.training_flops() >= self.next_eval_flops
+      if self.evaluator is not None and (due_steps or due_flops or done == self.loop.steps):
+        self.set_eval_interval(self.loop.eval_every_flops)
         point = self.evaluate(state, done)
         bar.set_postfix_str(f"heldout={point['mean']:.3f}")
       if self.checkpoint_fn is not None:
         stop = self.should_stop is not None and self.should_stop()
-        self.checkpoint_fn(self, state, done, force=stop or done == loop.steps)
+        self.checkpoint_fn(self, state, done, force=stop or done == self.loop.steps)
         if stop:
           break
     if pending is not None:

@@ -1,0 +1,52 @@
+r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, plus claims (c), (d).
+
+  python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=runs/demo   # = make demo
+  python -m smjax.main --config=configs/study.py:two_domain,full --workdir=runs/two_full
+  python -m smjax.main --config=configs/study.py:four_domain,full --workdir=runs/four_full
+
+Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
+seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
+
+Expected runtime on a 2-core CPU: demo ≈ 6-9 min; two_domain,full ≈ 60-90 min; four_domain,full
+≈ 2-3 h. Expected result: see README "The toy study" (numbers measured with these configs,
+whatever they say about the paper's claims).
+"""
+
+from smjax.study_config import parse_arg, study_defaults
+
+
+def get_config(arg=None):
+  a = parse_arg(arg, two_domain=False, four_domain=False, demo=False, full=False)
+  if a.two_domain == a.four_domain:
+    raise ValueError("configs/study.py: give exactly one of two_domain, four_domain")
+  if a.demo == a.full:
+    raise ValueError("configs/study.py: give exactly one of demo, full")
+  c = study_defaults()
+  c.domains = ["math", "code"] if a.two_domain else ["math", "code", "logic", "strings"]
+  n = len(c.domains)
+  c.name = f"{'two' if a.two_domain else 'four'}_domain_{'demo' if a.demo else 'full'}"
+  if a.demo:
+    c.seeds = [0]
+    c.phases = ["base", "joint", "experts", "mopd", "external"]
+    c.heldout_size = 128
+    c.base.steps = 500
+    c.experts.steps = 300
+    c.joint.steps = c.experts.steps * n
+    c.mopd.steps = 150
+    c.external.teacher_sft_steps = 400
+    c.external.steps = 150
+    c.eval.points = 8
+    c.checkpoint_every = 100
+  else:
+    c.seeds = [0, 1, 2]
+    c.heldout_size = 256
+    c.base.steps = 500
+    c.experts.steps = 800
+    c.joint.steps = c.experts.steps * n
+    c.mopd.steps = 400
+    c.external.teacher_sft_steps = 1000
+    c.external.steps = 400
+    c.self_teacher.degrade_steps = 400
+    c.self_teacher.recover_steps = 300
+    c.eval.points = 16
+  return c

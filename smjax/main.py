@@ -1,0 +1,45 @@
+"""Command-line entry point: `python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
+
+Also installed as the `smjax` console script. Everything it does is library code in
+smjax.experiment; this file only parses flags. Overrides use ml_collections' syntax, e.g.
+`--config.joint.steps=400`; an unknown field is an error naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A configs/*.py file and its argument, e.g. configs/study.py:two_domain,demo.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the report.")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if _CONFIG.value is None or _WORKDIR.value is None:
+    raise app.UsageError("--config and --workdir are required, e.g. "
+                         "--config=configs/study.py:two_domain,demo --workdir=runs/demo")
+  logging.getLogger("absl").setLevel(logging.WARNING)
+  from smjax.experiment import run_study  # pylint: disable=import-outside-toplevel
+  report = run_study(_CONFIG.value, _WORKDIR.value)
+  print()
+  print(report["table"])
+  print(f"report: {report['paths']['json']}")
+  print(f"plot:   {report['paths']['plot']}")
+  print(f"TensorBoard: tensorboard --logdir {_WORKDIR.value}")
+
+
+def run():
+  """Console-script entry (`smjax --config=... --workdir=...`)."""
+  flags.mark_flags_as_required(["config", "workdir"])
+  app.run(main, argv=sys.argv)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,221 @@
+"""The study's report: per-arm tables, FLOPs to matched accuracy, savings, JSON/CSV and a plot.
+
+Input is one `ArmResult` per arm and seed (what experiment.py produces). Every figure is computed
+here from the arms' FLOP ledgers and accuracy-vs-FLOPs curves:
+
+- final held-out accuracy per domain and its mean (greedy pass@1 on the fixed held-out set);
+- total training FLOPs by ledger phase (eval/* and base/* excluded from the totals);
+- FLOPs to first reach the matched-accuracy target (linear interpolation on the curve; "never
+  reached" when the curve stays below it);
+- the saving against joint GRPO: 1 - F_arm / F_joint, at the target and in total;
+- the distillation share: distillation FLOPs / the experts' FLOPs (split-then-merge arms);
+- mean response length on the held-out set.
+Over several seeds each number is reported as mean and sample std.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Sequence
+
+import numpy as np
+
+from smjax.ledger import flops_to_reach
+
+
+@dataclasses.dataclass
+class ArmResult:
+  arm: str
+  seed: int
+  curve: list[dict]                    # {"flops", "accuracy": {domain: acc}, "mean", "length"}
+  flops_by_phase: dict[str, float]     # training phases only
+  expert_flops: float = 0.0            # split-then-merge: FLOPs of the experts (in the totals)
+  distill_flops: float = 0.0           # split-then-merge / OPD arms: FLOPs of the distillation
+  note: str = ""
+  group: str = "main"                  # "main" arms share the matched target; "recovery" arms
+  target: float | None = None          # (self-teacher study) carry their own target
+
+  @property
+  def total_flops(self) -> float:
+    return float(sum(self.flops_by_phase.values()))
+
+  @property
+  def final(self) -> dict:
+    return self.curve[-1] if self.curve else {"accuracy": {}, "mean": float("nan"), "length": {}}
+
+
+def _mean_std(xs: Sequence[float | None]) -> dict:
+  vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+  if not vals:
+    return {"mean": None, "std": None, "n": 0, "missing": len(xs)}
+  return {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
+          "n": len(vals), "missing": len(xs) - len(vals)}
+
+
+def _curve_xy(curve):
+  return [(p["flops"], p["mean"]) for p in curve]
+
+
+def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
+                 target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo") -> dict:
+  """The report dict.
+
+  `target` (main arms) defaults to target_fraction x the reference arm's final mean held-out
+  accuracy averaged over seeds (or over all main arms without a reference arm). Recovery arms
+  use their own `target`, and their savings are against `recover_grpo` when present.
+  """
+  by_arm: dict[str, list[ArmResult]] = {}
+  for a in arms:
+    by_arm.setdefault(a.arm, []).append(a)
+  main = [a for a in arms if a.group == "main" and a.curve and a.flops_by_phase]
+  if target is None:
+    pool = by_arm.get(reference_arm, []) if reference_arm else main
+    if not pool:
+      raise ValueError(f"build_report: no target given and no {reference_arm!r} arm among "
+                       f"{sorted(by_arm)}")
+    target = target_fraction * float(np.mean([a.final["mean"] for a in pool]))
+  out = {"target_accuracy": target, "reference_arm": reference_arm, "arms": {}}
+  for name, runs in by_arm.items():
+    group = runs[0].group
+    ref_name = reference_arm if group == "main" else "recover_grpo"
+    tgt = target if group == "main" else runs[0].target
+    ref_runs = {a.seed: a for a in by_arm.get(ref_name, [])}
+    reach = [flops_to_reach(_curve_xy(r.curve), tgt) if tgt is not None and r.flops_by_phase
+             else None for r in runs]
+
+    def ref_reach(seed):
+      ref = ref_runs.get(seed)
+      return None if ref is None or tgt is None else flops_to_reach(_curve_xy(ref.curve), tgt)
+
+    saving_total = [1 - r.total_flops / ref_runs[r.seed].total_flops
+                    if r.seed in ref_runs and ref_runs[r.seed].total_flops and r.flops_by_phase
+                    else None for r in runs]
+    saving_reach = [1 - f / ref_reach(r.seed) if f is not None and ref_reach(r.seed) else None
+                    for r, f in zip(runs, reach)]
+    phases = sorted({p for r in runs for p in r.flops_by_phase})
+    domains = sorted({d for r in runs for d in r.final["accuracy"]})
+    out["arms"][name] = {
+        "group": group,
+        "target_accuracy": tgt,
+        "reference": ref_name if ref_runs else None,
+        "seeds": [r.seed for r in runs],
+        "accuracy": {d: _mean_std([r.final["accuracy"].get(d) for r in runs]) for d in domains},
+        "accuracy_mean": _mean_std([r.final["mean"] for r in runs]),
+        "response_length": _mean_std([float(np.mean(list(r.final.get("length", {}).values())))
+                                      if r.final.get("length") else None for r in runs]),
+        "flops_total": _mean_std([r.total_flops if r.flops_by_phase else None for r in runs]),
+        "flops_by_phase": {p: _mean_std([r.flops_by_phase.get(p, 0.0) for r in runs])
+                           for p in phases},
+        "flops_to_target": _mean_std(reach),
+        "reached_target": [f is not None for f in reach],
+        "saving_vs_reference_total": _mean_std(saving_total),
+        "saving_vs_reference_at_target": _mean_std(saving_reach),
+        "distillation_share_of_experts": _mean_std(
+            [r.distill_flops / r.expert_flops if r.expert_flops else None for r in runs]),
+        "notes": sorted({r.note for r in runs if r.note}),
+    }
+  return out
+
+
+def _fmt(ms: dict, scale: float = 1.0, pct: bool = False) -> str:
+  if ms is None or ms.get("mean") is None:
+    return "-"
+  m, s = ms["mean"] * scale, (ms["std"] or 0.0) * scale
+  if pct:
+    return f"{100 * m:.1f}%" + (f" ±{100 * s:.1f}" if ms["n"] > 1 else "")
+  return f"{m:.3g}" + (f" ±{s:.2g}" if ms["n"] > 1 else "")
+
+
+def format_table(report: dict) -> str:
+  """Plain-text tables: the main arms (shared matched target), then the recovery arms."""
+  cols = ["arm", "heldout acc", "per domain", "train FLOPs", "FLOPs to target", "saving@target",
+          "saving total", "distill/experts", "resp len"]
+  out = []
+  for group, title in (("main", "Arms (matched target {t}; savings vs {r})"),
+                       ("recovery", "Self-teacher recovery (target {t}; savings vs {r})")):
+    arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
+    if not arms:
+      continue
+    rows = []
+    for name, a in arms.items():
+      per = " ".join(f"{d}={_fmt(v, pct=True)}" for d, v in a["accuracy"].items())
+      trained = a["flops_total"]["mean"] is not None
+      reach = a["flops_to_target"]
+      if not trained:
+        reach_s = "-"
+      elif reach["mean"] is None:
+        reach_s = "never reached"
+      else:
+        reach_s = _fmt(reach) + (f" ({reach['missing']} seed(s) never)" if reach["missing"] else "")
+      rows.append([name, _fmt(a["accuracy_mean"], pct=True), per,
+                   _fmt(a["flops_total"]) if trained else "- (not charged)", reach_s,
+                   _fmt(a["saving_vs_reference_at_target"], pct=True),
+                   _fmt(a["saving_vs_reference_total"], pct=True),
+                   _fmt(a["distillation_share_of_experts"], pct=True),
+                   _fmt(a["response_length"])])
+    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
+    tgt = next(iter(arms.values()))["target_accuracy"]
+    ref = next((a["reference"] for a in arms.values() if a["reference"]), None)
+    out.append(title.format(t="-" if tgt is None else f"{100 * tgt:.1f}%", r=ref or "-"))
+    out += [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
+  return "\n".join(out)
+
+
+def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[str, str]:
+  """Writes report.json, report.csv, curves.json and accuracy_vs_flops.png; returns their paths."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {k: os.path.join(out_dir, f) for k, f in (
+      ("json", "report.json"), ("csv", "report.csv"), ("curves", "curves.json"),
+      ("plot", "accuracy_vs_flops.png"), ("table", "report.txt"))}
+  with open(paths["json"], "w") as f:
+    json.dump(report, f, indent=1)
+  with open(paths["curves"], "w") as f:
+    json.dump([dataclasses.asdict(a) for a in arms], f)
+  with open(paths["csv"], "w", newline="") as f:
+    w = csv.writer(f)
+    w.writerow(["arm", "metric", "mean", "std", "n"])
+    for name, a in report["arms"].items():
+      flat = {"accuracy_mean": a["accuracy_mean"], "flops_total": a["flops_total"],
+              "flops_to_target": a["flops_to_target"],
+              "saving_vs_reference_total": a["saving_vs_reference_total"],
+              "saving_vs_reference_at_target": a["saving_vs_reference_at_target"],
+              "distillation_share_of_experts": a["distillation_share_of_experts"],
+              "response_length": a["response_length"]}
+      flat |= {f"accuracy/{d}": v for d, v in a["accuracy"].items()}
+      flat |= {f"flops/{p}": v for p, v in a["flops_by_phase"].items()}
+      for metric, v in flat.items():
+        w.writerow([name, metric, v["mean"], v["std"], v["n"]])
+  with open(paths["table"], "w") as f:
+    f.write(format_table(report) + "\n")
+  plot_curves(arms, report["target_accuracy"], paths["plot"])
+  return paths
+
+
+def plot_curves(arms: Sequence[ArmResult], target: float, path: str) -> None:
+  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, ax = plt.subplots(figsize=(8, 5))
+  colors: dict[str, str] = {}
+  for a in arms:
+    if not a.curve:
+      continue
+    first = a.arm not in colors
+    c = colors.setdefault(a.arm, f"C{len(colors)}")
+    ax.plot([p["flops"] for p in a.curve], [100 * p["mean"] for p in a.curve], "-o", color=c,
+            ms=3, alpha=0.9, label=a.arm if first else None)
+  ax.axhline(100 * target, color="gray", ls="--", lw=1, label=f"target {100 * target:.1f}%")
+  ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)")
+  ax.set_ylabel("held-out accuracy, mean over domains (%)")
+  ax.set_title("Held-out accuracy vs training FLOPs")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

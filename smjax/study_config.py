@@ -1,0 +1,111 @@
+"""The one schema of a study config: every field experiment.py reads is declared (and documented) here.
+
+Config files in configs/ start from `study_defaults()` and change values; the dict is locked, so an
+unknown field or a misspelt `--config.x=...` override is an error naming the field. `validate`
+checks values before anything runs.
+"""
+
+from __future__ import annotations
+
+import ml_collections as mlc
+
+PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
+# Fields that do not change what a run computes: a resumed run may differ in these.
+RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report",
+                      "eval.batch_size")
+
+
+def study_defaults() -> mlc.ConfigDict:
+  c = mlc.ConfigDict()
+  c.name = "study"
+  c.seeds = [0]
+  c.phases = list(PHASES)
+  c.domains = ["math", "code"]
+  c.difficulty = 1
+  c.heldout_size = 128            # held-out examples per domain (fixed set, greedy pass@1)
+  c.progress = True
+  c.log_every = 25
+  c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
+
+  c.model = mlc.ConfigDict(dict(preset="toy-tiny"))
+
+  c.base = mlc.ConfigDict(dict(steps=500, batch_size=64, learning_rate=3e-3, warmup_steps=20,
+                               seq_len=48))
+
+  # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
+  c.rl = mlc.ConfigDict(dict(
+      prompts_per_step=16, samples_per_prompt=8, max_new_tokens=8, temperature=1.0,
+      learning_rate=1e-3, warmup_steps=0, clip_norm=1.0, advantage_mode="grpo", eps_low=0.2,
+      eps_high=0.28, beta=0.0, kl_estimator="k3", aggregation="token_mean", micro_batches=1,
+      impl="auto"))
+  c.joint = mlc.ConfigDict(dict(steps=1200))
+  c.experts = mlc.ConfigDict(dict(steps=600))
+
+  # Shared by every OPD phase (MOPD, external-teacher OPD, self-teacher recovery).
+  c.opd = mlc.ConfigDict(dict(
+      objective="sampled", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
+      learning_rate=1e-3, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto"))
+  c.mopd = mlc.ConfigDict(dict(steps=300))
+
+  c.external = mlc.ConfigDict(dict(
+      teacher_preset="toy-small", teacher_sft_steps=600, teacher_learning_rate=2e-3,
+      steps=300))
+
+  c.self_teacher = mlc.ConfigDict(dict(
+      degrade_domain="code", recover_domain="math", degrade_steps=300, recover_steps=200,
+      recover_target_fraction=0.9))
+
+  c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128))
+  c.report = mlc.ConfigDict(dict(target_fraction=0.9, reference_arm="joint_grpo"))
+  return c
+
+
+def validate(c: mlc.ConfigDict) -> None:
+  """Value checks with errors naming the field."""
+  bad = [p for p in c.phases if p not in PHASES]
+  if bad:
+    raise ValueError(f"config.phases has unknown phases {bad}; known: {list(PHASES)}")
+  if not c.seeds:
+    raise ValueError("config.seeds is empty; give at least one seed")
+  if len(set(c.domains)) != len(c.domains) or not c.domains:
+    raise ValueError(f"config.domains={list(c.domains)} must be a non-empty list without repeats")
+  for field in ("base.steps", "joint.steps", "experts.steps", "mopd.steps", "external.steps",
+                "rl.prompts_per_step", "rl.samples_per_prompt", "rl.max_new_tokens",
+                "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size"):
+    sect, _, key = field.partition(".")
+    value = c[sect][key] if key else c[sect]
+    if int(value) < 1:
+      raise ValueError(f"config.{field}={value} must be >= 1")
+  if c.rl.samples_per_prompt < 2 and c.rl.advantage_mode in ("grpo", "rloo"):
+    raise ValueError(f"config.rl.samples_per_prompt={c.rl.samples_per_prompt}: GRPO/RLOO "
+                     "advantages need groups of at least 2")
+  if "self_teacher" in c.phases:
+    for f in ("degrade_domain", "recover_domain"):
+      if c.self_teacher[f] not in c.domains:
+        raise ValueError(f"config.self_teacher.{f}={c.self_teacher[f]!r} is not one of "
+                         f"config.domains={list(c.domains)}")
+    if c.self_teacher.degrade_domain == c.self_teacher.recover_domain:
+      raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ")
+  if c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0:
+    raise ValueError("config.eval.every_steps / every_flops / points must be >= 0")
+
+
+def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
+  """big_vision-style `get_config` argument: "two_domain,demo" or "k=v,flag" into a ConfigDict."""
+  out = mlc.ConfigDict(defaults)
+  if not arg:
+    return out
+  for part in arg.split(","):
+    part = part.strip()
+    if not part:
+      continue
+    if "=" in part:
+      k, v = part.split("=", 1)
+      if k not in out:
+        raise ValueError(f"config argument {k!r} is not one of {sorted(out.keys())}")
+      out[k] = type(out[k])(v) if not isinstance(out[k], bool) else v.lower() in ("1", "true")
+    elif part in out and isinstance(out[part], bool):
+      out[part] = True
+    else:
+      raise ValueError(f"config argument {part!r} is not one of {sorted(out.keys())}")
+  return out

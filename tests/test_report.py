@@ -1,0 +1,81 @@
+"""The report's arithmetic against hand-computed values, and its files."""
+
+import json
+import os
+
+import pytest
+
+from smjax.report import ArmResult, build_report, format_table, write_report
+
+
+def _curve(points):
+  return [{"flops": f, "accuracy": {"math": a, "code": b}, "mean": (a + b) / 2,
+           "length": {"math": 3.0, "code": 5.0}} for f, a, b in points]
+
+
+def _arms(seed=0, joint_scale=1.0):
+  joint = ArmResult("joint_grpo", seed, _curve([(0, .2, .2), (100 * joint_scale, .4, .4),
+                                                (200 * joint_scale, .6, .6)]),
+                    {"rollout/decode": 120.0 * joint_scale, "train/policy": 80.0 * joint_scale})
+  split = ArmResult("split_merge", seed, _curve([(150, .2, .2), (170, .5, .5), (190, .7, .5)]),
+                    {"rollout/decode": 100.0, "train/policy": 60.0, "train/teacher": 30.0},
+                    expert_flops=150.0, distill_flops=40.0)
+  never = ArmResult("external_opd", seed, _curve([(0, .2, .2), (50, .3, .3)]),
+                    {"train/teacher": 50.0}, distill_flops=50.0)
+  return [joint, split, never]
+
+
+def test_report_numbers_match_hand_computation():
+  rep = build_report(_arms(), target_fraction=0.9)
+  assert rep["target_accuracy"] == pytest.approx(0.54)  # 0.9 x joint's final mean 0.6
+  j, s, e = (rep["arms"][k] for k in ("joint_grpo", "split_merge", "external_opd"))
+  # joint: 0.4 at 100, 0.6 at 200 -> 0.54 at 170.
+  assert j["flops_to_target"]["mean"] == pytest.approx(170.0)
+  # split: mean 0.5 at 170, 0.6 at 190 -> 0.54 at 178.
+  assert s["flops_to_target"]["mean"] == pytest.approx(178.0)
+  assert s["saving_vs_reference_at_target"]["mean"] == pytest.approx(1 - 178 / 170)
+  assert s["flops_total"]["mean"] == 190.0 and j["flops_total"]["mean"] == 200.0
+  assert s["saving_vs_reference_total"]["mean"] == pytest.approx(1 - 190 / 200)
+  assert s["distillation_share_of_experts"]["mean"] == pytest.approx(40 / 150)
+  assert e["flops_to_target"]["mean"] is None and e["reached_target"] == [False]
+  assert s["accuracy"]["math"]["mean"] == 0.7 and s["accuracy_mean"]["mean"] == 0.6
+  assert s["response_length"]["mean"] == 4.0
+  table = format_table(rep)
+  assert "never reached" in table and "split_merge" in table and "54.0%" in table
+
+
+def test_seeds_give_mean_and_spread():
+  arms = _arms(0) + _arms(1, joint_scale=2.0)
+  rep = build_report(arms, target_fraction=0.9)
+  j = rep["arms"]["joint_grpo"]
+  assert j["flops_total"]["mean"] == 300.0 and j["flops_total"]["n"] == 2
+  assert j["flops_total"]["std"] == pytest.approx(141.42, rel=1e-3)  # sample std of 200, 400
+  assert j["flops_to_target"]["mean"] == pytest.approx((170 + 340) / 2)
+
+
+def test_recovery_group_uses_its_own_target():
+  arms = [ArmResult("recover_self", 0, _curve([(0, .1, .1), (10, .5, .5)]), {"train/teacher": 10.0},
+                    group="recovery", target=0.3),
+          ArmResult("recover_grpo", 0, _curve([(0, .1, .1), (100, .5, .5)]), {"train/policy": 100.0},
+                    group="recovery", target=0.3)] + _arms()
+  rep = build_report(arms)
+  r = rep["arms"]["recover_self"]
+  assert r["target_accuracy"] == 0.3 and r["flops_to_target"]["mean"] == pytest.approx(5.0)
+  assert r["saving_vs_reference_at_target"]["mean"] == pytest.approx(1 - 5 / 50)
+  assert "Self-teacher recovery" in format_table(rep)
+
+
+def test_files_are_written(tmp_path):
+  arms = _arms()
+  rep = build_report(arms)
+  paths = write_report(rep, arms, str(tmp_path))
+  assert json.load(open(paths["json"]))["arms"]["split_merge"]["flops_total"]["mean"] == 190.0
+  rows = open(paths["csv"]).read().splitlines()
+  assert rows[0] == "arm,metric,mean,std,n" and any(r.startswith("split_merge,flops_to_target,178")
+                                                     for r in rows)
+  assert os.path.getsize(paths["plot"]) > 10_000 and open(paths["plot"], "rb").read(4) == b"\x89PNG"
+
+
+def test_missing_reference_is_an_error():
+  with pytest.raises(ValueError, match="no 'joint_grpo' arm"):
+    build_report(_arms()[1:])
