@@ -1,0 +1,100 @@
+"""smjax.precheck: the GRPO step compiled abstractly for a 64-device mesh, memory checked.
+
+CI compiles Qwen3-8B's shape truncated to 2 layers (vocab, widths and heads as published) for
+(data=8, fsdp=8, tensor=1) on 64 fake CPU devices; the full 36-layer compile (1.5-3 minutes and
+~1.5 GB of host memory on the CPU path, 6-10 minutes and ~8.5 GB through libtpu) is run by hand;
+launch/README.md has its figures. The per-device argument bytes are checked against a count
+written out here from the model's shapes: parameters and both Adam moments split 8 ways over
+"fsdp" (replicated over "data"), norm scales replicated, one batch row per device. An --hbm-gib
+below that fails with exit status 1.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+# Qwen3-8B (config.json): hidden 4096, 32 heads, 8 KV heads, head_dim 128, MLP 12288,
+# vocab 151936, untied embeddings; truncated to 2 layers.
+D, N, K, H, F, V, L = 4096, 32, 8, 128, 12288, 151936, 2
+BATCH, SEQ, FSDP, DEVICES = 64, 256, 8, 64
+
+
+def _precheck(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)  # the CLI sets the fake device count itself
+  return subprocess.run([sys.executable, "-m", "smjax.precheck", *args], env=env,
+                        capture_output=True, text=True, timeout=600)
+
+
+def _gib(text, name):
+  m = re.search(rf"{name} ([0-9.]+) (GiB|MiB)", text)
+  assert m, text
+  return float(m.group(1)) * (1 if m.group(2) == "GiB" else 1 / 1024)
+
+
+@pytest.fixture(scope="module")
+def qwen3_8b_2_layers():
+  return _precheck("--preset", "qwen3-8b", "--layers", str(L), "--mesh", "data=8,fsdp=8,tensor=1",
+                   "--batch", str(BATCH), "--seq", str(SEQ), "--hbm-gib", "2")
+
+
+def test_reports_the_cpu_path_and_64_devices(qwen3_8b_2_layers):
+  out = qwen3_8b_2_layers.stdout
+  assert "AOT compile path: cpu  topology=cpu:64  64 x cpu" in out, out + qwen3_8b_2_layers.stderr
+  assert "mesh={'data': 8, 'fsdp': 8, 'tensor': 1}" in out
+  assert "memory source: the CPU compiler" in out
+
+
+def test_state_is_sharded_as_designed(qwen3_8b_2_layers):
+  out = qwen3_8b_2_layers.stdout
+  split = 2 * V * D + L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F)
+  replicated = L * (2 * D + 2 * H) + D               # RMSNorm scales (and q/k norms)
+  state = 3 * 4 * (split / FSDP + replicated)        # float32 params, Adam mu and nu
+  rows = BATCH // DEVICES
+  # tokens and positions int32, attention mask bool; loss mask bool, old log-probs f32; reward
+  batch = rows * (SEQ * (4 + 4 + 1) + (SEQ - 1) * (1 + 4) + 4)
+  expected_gib = (state + batch) / 2**30
+  assert _gib(out, "argument") == pytest.approx(expected_gib, abs=0.002)
+  # The state is donated: the updated state reuses its buffers.
+  assert _gib(out, "alias") == pytest.approx(state / 2**30, abs=0.002)
+
+
+def test_flops_match_the_analytic_count(qwen3_8b_2_layers):
+  out = qwen3_8b_2_layers.stdout
+  tokens = BATCH * SEQ
+  matmul = L * (D * N * H + 2 * D * K * H + N * H * D + 3 * D * F) + D * V
+  analytic = 3 * (2 * matmul * tokens + 4 * L * N * H * tokens * SEQ)  # fwd + bwd, full attention
+  measured = float(re.search(r"flops: ([0-9.e+]+) global", out).group(1))
+  assert 1.0 <= measured / analytic < 1.05  # norms, softmax, loss and Adam add a little
+
+
+def test_over_budget_exits_1(qwen3_8b_2_layers):
+  assert qwen3_8b_2_layers.returncode == 1, qwen3_8b_2_layers.stderr[-3000:]
+  assert "vs 2.000 GiB HBM: DOES NOT FIT" in qwen3_8b_2_layers.stdout
+
+
+def test_within_budget_exits_0():
+  proc = _precheck("--preset", "toy-tiny", "--mesh", "fsdp=2", "--batch", "8", "--seq", "16",
+                   "--objective", "opd-full-vocab", "--hbm-gib", "1")
+  assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+  assert "AOT compile path: cpu  topology=cpu:2  2 x cpu" in proc.stdout
+  assert "HBM: fits" in proc.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--mesh", "data=8,pipeline=2"), "'pipeline=2' must be AXIS=INT"),
+    (("--mesh", "data=-1"), "every axis size must be >= 1"),
+    (("--mesh", "data=3", "--batch", "8"), "batch field tokens_BS has 8 rows, not divisible"),
+    (("--batch", "12"), "batch=12 rows must be a multiple of group_size=8"),
+])
+def test_bad_arguments_exit_2(args, message):
+  base = {"--preset": "toy-tiny", "--mesh": "data=2", "--batch": "16", "--seq": "8"}
+  flags = dict(base, **dict(zip(args[::2], args[1::2])))
+  proc = _precheck(*[x for kv in flags.items() for x in kv])
+  assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+  assert message in proc.stderr
