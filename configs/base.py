@@ -15,7 +15,7 @@ def get_config(arg=None):
   a = parse_arg(arg, four_domain=False)
   c = study_defaults()
   c.name = "base"
-  c.phases = ["base"]
+  c.phases = ("base",)
   if a.four_domain:
-    c.domains = ["math", "code", "logic", "strings"]
+    c.domains = ("math", "code", "logic", "strings")
   return c

@@ -16,8 +16,8 @@ def get_config(arg=None):
   a = parse_arg(arg, domain="", steps=600)
   c = study_defaults()
   c.name = "experts"
-  c.phases = ["base", "experts"]
+  c.phases = ("base", "experts")
   if a.domain:
-    c.domains = [a.domain]
+    c.domains = (a.domain,)
   c.experts.steps = a.steps
   return c

@@ -16,6 +16,6 @@ def get_config(arg=None):
   a = parse_arg(arg, steps=300)
   c = study_defaults()
   c.name = "external_teacher_opd"
-  c.phases = ["base", "joint", "external"]
+  c.phases = ("base", "joint", "external")
   c.external.steps = a.steps
   return c

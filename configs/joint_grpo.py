@@ -14,6 +14,6 @@ def get_config(arg=None):
   a = parse_arg(arg, steps=1200)
   c = study_defaults()
   c.name = "joint_grpo"
-  c.phases = ["base", "joint"]
+  c.phases = ("base", "joint")
   c.joint.steps = a.steps
   return c

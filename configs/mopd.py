@@ -16,7 +16,7 @@ def get_config(arg=None):
   a = parse_arg(arg, objective="sampled", steps=300)
   c = study_defaults()
   c.name = "mopd"
-  c.phases = ["base", "experts", "mopd"]
+  c.phases = ("base", "experts", "mopd")
   c.opd.objective = a.objective
   c.mopd.steps = a.steps
   c.report.reference_arm = "split_merge"

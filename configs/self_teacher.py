@@ -17,7 +17,7 @@ def get_config(arg=None):
   a = parse_arg(arg, degrade_domain="code", recover_domain="math")
   c = study_defaults()
   c.name = "self_teacher"
-  c.phases = ["base", "joint", "self_teacher"]
+  c.phases = ("base", "joint", "self_teacher")
   c.self_teacher.degrade_domain = a.degrade_domain
   c.self_teacher.recover_domain = a.recover_domain
   return c

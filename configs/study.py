@@ -7,8 +7,8 @@ r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, pl
 Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
 seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
 
-Expected runtime on a 2-core CPU: demo ≈ 6-9 min; two_domain,full ≈ 60-90 min; four_domain,full
-≈ 2-3 h. Expected result: see README "The toy study" (numbers measured with these configs,
+Expected runtime on a 2-core CPU: demo ≈ 7-9 min (measured: see README); two_domain,full
+≈ 60-90 min; four_domain,full ≈ 2-3 h (estimated from per-step costs, not yet run end to end). Expected result: see README "The toy study" (numbers measured with these configs,
 whatever they say about the paper's claims).
 """
 
@@ -22,25 +22,22 @@ def get_config(arg=None):
   if a.demo == a.full:
     raise ValueError("configs/study.py: give exactly one of demo, full")
   c = study_defaults()
-  c.domains = ["math", "code"] if a.two_domain else ["math", "code", "logic", "strings"]
+  c.domains = ("math", "code") if a.two_domain else ("math", "code", "logic", "strings")
   n = len(c.domains)
   c.name = f"{'two' if a.two_domain else 'four'}_domain_{'demo' if a.demo else 'full'}"
   if a.demo:
-    c.seeds = [0]
-    c.phases = ["base", "joint", "experts", "mopd", "external"]
+    c.seeds = (0,)
+    # The main comparison only (claims (a), (b)); external and self teachers are in `full`.
+    c.phases = ("base", "joint", "experts", "mopd")
     c.heldout_size = 128
-    c.base.steps = 500
     c.experts.steps = 300
     c.joint.steps = c.experts.steps * n
     c.mopd.steps = 150
-    c.external.teacher_sft_steps = 400
-    c.external.steps = 150
     c.eval.points = 8
     c.checkpoint_every = 100
   else:
-    c.seeds = [0, 1, 2]
+    c.seeds = (0, 1, 2)
     c.heldout_size = 256
-    c.base.steps = 500
     c.experts.steps = 800
     c.joint.steps = c.experts.steps * n
     c.mopd.steps = 400

@@ -326,7 +326,7 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
     stream = ctx.prompts(ctx.config.domains, b.batch_size, 2, transform=verbose)
     with ctx.writer("external_teacher") as writer:
       state, _ = run_sft(phase="base/external_teacher", state=state, step=step,
-                         examples_iter=stream, tokenizer=ctx.tokenizer, seq_len=b.seq_len + 16,
+                         examples_iter=stream, tokenizer=ctx.tokenizer, seq_len=e.teacher_seq_len,
                          num_steps=e.teacher_sft_steps, ledger=ledger, writer=writer,
                          progress=ctx.config.progress)
     sampler = Sampler(cfg, max_new_tokens=ctx.config.rl.max_new_tokens + 16,

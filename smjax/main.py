@@ -25,7 +25,8 @@ def main(argv):
   if _CONFIG.value is None or _WORKDIR.value is None:
     raise app.UsageError("--config and --workdir are required, e.g. "
                          "--config=configs/study.py:two_domain,demo --workdir=runs/demo")
-  logging.getLogger("absl").setLevel(logging.WARNING)
+  from smjax import distributed  # pylint: disable=import-outside-toplevel
+  distributed.maybe_initialize()  # multi-host pods: before any jax computation; no-op otherwise
   from smjax.experiment import run_study  # pylint: disable=import-outside-toplevel
   report = run_study(_CONFIG.value, _WORKDIR.value)
   print()
@@ -37,7 +38,7 @@ def main(argv):
 
 def run():
   """Console-script entry (`smjax --config=... --workdir=...`)."""
-  flags.mark_flags_as_required(["config", "workdir"])
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
   app.run(main, argv=sys.argv)
 
 

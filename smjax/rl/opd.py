@@ -84,10 +84,16 @@ def sampled_token_terms(student_logp_BT, old_logp_BT, teacher_logp_BT, mask_BT, 
 
 
 def full_vocab_kl(student_logits_BTV, teacher_logits_BTV, *, impl="auto", block_sizes=None,
-                  chunk_tokens=None):
-    """Exact per-token reverse KL [B, T] (float32); see smjax.kernels.reverse_kl.reverse_kl."""
-    return reverse_kl_kernel.reverse_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
-                                        block_sizes=block_sizes, chunk_tokens=chunk_tokens)
+                  chunk_tokens=None, mesh=None):
+    """Exact per-token reverse KL [B, T] (float32); see smjax.kernels.reverse_kl.reverse_kl.
+
+    On a multi-device mesh (`mesh`, or the one set by jax.set_mesh) the Pallas kernel runs per
+    device under shard_map (smjax.sharded_kernels): XLA does not partition a pallas_call.
+    """
+    from smjax import sharded_kernels  # lazy: sharded_kernels imports the kernels and grpo
+    return sharded_kernels.reverse_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
+                                      block_sizes=block_sizes, chunk_tokens=chunk_tokens,
+                                      mesh=mesh)
 
 
 def top_k_kl(student_logits_BTV, teacher_logits_BTV, *, k):
@@ -148,7 +154,7 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
              student_logp_BT=None, old_logp_BT=None, teacher_logp_BT=None, tokens_BT=None,
              mask_BT, aggregation="token_mean", num_valid_tokens=None, num_sequences=None,
              max_len=None, eps_low=0.2, eps_high=0.2, top_k=32, impl="auto", block_sizes=None,
-             chunk_tokens=None):
+             chunk_tokens=None, mesh=None):
     """OPD loss and metrics: (scalar loss, aux dict of float scalars).
 
     objective: "sampled" | "full_vocab" | "top_k" (module docstring).
@@ -186,14 +192,14 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
         aux["clip_frac"] = _masked_mean((terms.clip_low | terms.clip_high).astype(_F32), mask_BT)
         aux["advantage_mean"] = _masked_mean(-kl_BT, mask_BT)
     elif objective == "full_vocab":
-        kl_BT = full_vocab_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
+        kl_BT = full_vocab_kl(student_logits_BTV, teacher_logits_BTV, impl=impl, mesh=mesh,
                               block_sizes=block_sizes, chunk_tokens=chunk_tokens)
         loss = aggregate(kl_BT, mask_BT, **agg)
     else:
         kl_BT = top_k_kl(student_logits_BTV, teacher_logits_BTV, k=top_k)
         loss = aggregate(kl_BT, mask_BT, **agg)
         s = sg(student_logits_BTV)
-        full_BT = full_vocab_kl(s, sg(teacher_logits_BTV), impl=impl, block_sizes=block_sizes,
+        full_BT = full_vocab_kl(s, sg(teacher_logits_BTV), impl=impl, mesh=mesh, block_sizes=block_sizes,
                                 chunk_tokens=chunk_tokens)
         aux["reverse_kl_full"] = _masked_mean(full_BT, mask_BT)
         s32 = s.astype(_F32)

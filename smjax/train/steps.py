@@ -29,6 +29,7 @@ import optax
 
 from smjax.flops import ProgramCall, shape_struct
 from smjax.models.transformer import Transformer
+from smjax import sharded_kernels
 from smjax.rl import grpo as grpo_lib
 from smjax.rl import opd as opd_lib
 from smjax.rl.logprobs import token_logprobs
@@ -105,26 +106,26 @@ def _sft_loss(model, params, batch: SequenceBatch, counts):
   return loss, {"token_accuracy": jnp.sum(correct * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
 
 
-def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts):
+def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mesh=None):
   logits = forward_logits(model, params, batch)
   logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
-  loss, aux = grpo_lib.grpo_loss_from_rewards(
+  loss, aux = sharded_kernels.grpo_loss_from_rewards(
       logp, batch.old_logp_BT, batch.ref_logp_BT if cfg.beta else None, batch.rewards_B,
       batch.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
       eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
       aggregation=cfg.aggregation, max_len=cfg.max_len, num_valid_tokens=counts["tokens"],
-      num_sequences=counts["sequences"], impl=cfg.impl)
+      num_sequences=counts["sequences"], impl=cfg.impl, mesh=mesh)
   entropy = grpo_lib.masked_mean(grpo_lib.token_entropy(jax.lax.stop_gradient(logits)),
                                  batch.loss_mask_BT)
   return loss, dict(aux, entropy=entropy)
 
 
-def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts):
+def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=None):
   logits = forward_logits(model, params, batch)
   targets = batch.tokens_BS[:, 1:]
   kw = dict(mask_BT=batch.loss_mask_BT, aggregation=cfg.aggregation,
             num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"],
-            eps_low=cfg.eps_low, eps_high=cfg.eps_high, top_k=cfg.top_k, impl=cfg.impl)
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, top_k=cfg.top_k, impl=cfg.impl, mesh=mesh)
   if cfg.objective == "sampled":
     loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=token_logprobs(logits, targets),
                                  old_logp_BT=batch.old_logp_BT,
@@ -210,15 +211,19 @@ def make_sft_step(model: Transformer, tx, *, micro_batches: int = 1, lr_schedule
   return _make_step(lambda p, b, c: _sft_loss(model, p, b, c), tx, micro_batches, lr_schedule)
 
 
-def make_grpo_step(model: Transformer, tx, cfg: GRPOConfig, *, lr_schedule=None) -> StepDef:
-  return _make_step(lambda p, b, c: _grpo_loss(cfg, model, p, b, c), tx, cfg.micro_batches,
+def make_grpo_step(model: Transformer, tx, cfg: GRPOConfig, *, lr_schedule=None,
+                   mesh=None) -> StepDef:
+  """`mesh`: where the step runs sharded, so the Pallas loss kernel runs per device under
+  shard_map (smjax.sharded_kernels); None means the mesh set by jax.set_mesh, if any."""
+  return _make_step(lambda p, b, c: _grpo_loss(cfg, model, p, b, c, mesh), tx, cfg.micro_batches,
                     lr_schedule)
 
 
-def make_opd_step(model: Transformer, tx, cfg: OPDConfig, *, lr_schedule=None) -> StepDef:
+def make_opd_step(model: Transformer, tx, cfg: OPDConfig, *, lr_schedule=None,
+                  mesh=None) -> StepDef:
   if cfg.objective not in opd_lib.OBJECTIVES:
     raise ValueError(f"OPDConfig.objective={cfg.objective!r}; expected one of {opd_lib.OBJECTIVES}")
-  return _make_step(lambda p, b, c: _opd_loss(cfg, model, p, b, c), tx, cfg.micro_batches,
+  return _make_step(lambda p, b, c: _opd_loss(cfg, model, p, b, c, mesh), tx, cfg.micro_batches,
                     lr_schedule)
 
 

@@ -1,0 +1,192 @@
+"""A miniature study end to end: phases, report fields, FLOP bookkeeping, resume, bad configs.
+
+The study runs in subprocesses through the real entry point (`python -m smjax.main`), sharing a
+persistent compilation cache so that each run after the first compiles little.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+MINI = [
+    "--config=configs/study.py:two_domain,demo",
+    "--config.seeds=(0,)", "--config.progress=False", "--config.heldout_size=16",
+    "--config.eval.batch_size=16", "--config.eval.points=3", "--config.base.steps=20",
+    "--config.joint.steps=6", "--config.experts.steps=6", "--config.mopd.steps=6",
+    "--config.external.teacher_sft_steps=4", "--config.external.steps=4",
+    "--config.rl.prompts_per_step=4", "--config.opd.prompts_per_step=4",
+    "--config.rl.samples_per_prompt=4", "--config.opd.samples_per_prompt=2",
+    "--config.checkpoint_every=2",
+    "--config.phases=('base','joint','experts','mopd','external')",
+]
+
+
+def _env(cache):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def _main(args, workdir, cache, **kw):
+  return subprocess.run([sys.executable, "-m", "smjax.main", *args, f"--workdir={workdir}"],
+                        cwd=ROOT, env=_env(cache), capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return tmp_path_factory.mktemp("jax_cache")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, cache):
+  wd = tmp_path_factory.mktemp("study")
+  r = _main(MINI, wd, cache, timeout=900)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  return wd, r
+
+
+def _result(wd, phase):
+  with open(os.path.join(wd, "seed_0", phase, "result.json")) as f:
+    return json.load(f)
+
+
+def _training(ledger):
+  return {p: v for p, v in ledger["flops"].items() if p.split("/")[0] in ("rollout", "train")}
+
+
+def test_report_fields_and_files(study):
+  wd, run = study
+  rep = json.load(open(os.path.join(wd, "report", "report.json")))
+  assert {"joint_grpo", "split_merge", "expert_math", "expert_code", "external_opd",
+          "base", "external_teacher"} <= set(rep["arms"])
+  for arm in ("joint_grpo", "split_merge", "external_opd"):
+    a = rep["arms"][arm]
+    assert set(a["accuracy"]) == {"math", "code"}
+    for d in ("math", "code"):
+      assert 0.0 <= a["accuracy"][d]["mean"] <= 1.0
+    assert a["flops_total"]["mean"] > 0 and a["response_length"]["mean"] > 0
+    assert "flops_to_target" in a and "saving_vs_reference_total" in a
+  assert rep["arms"]["split_merge"]["distillation_share_of_experts"]["mean"] > 0
+  for f in ("report.csv", "report.txt", "accuracy_vs_flops.png", "curves.json"):
+    assert os.path.getsize(os.path.join(wd, "report", f)) > 0
+  assert "split_merge" in run.stdout and "accuracy_vs_flops.png" in run.stdout
+  # TensorBoard event files and the JSONL stream for every phase.
+  logs = os.path.join(wd, "seed_0", "joint_grpo", "logs")
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(logs))
+  rows = [json.loads(l) for l in open(os.path.join(logs, "metrics.jsonl"))]
+  assert any("reward/math" in r for r in rows) and any("heldout/mean" in r for r in rows)
+
+
+def test_flop_totals_add_up_across_phases(study):
+  wd, _ = study
+  rep = json.load(open(os.path.join(wd, "report", "report.json")))
+  experts = [_result(wd, f"expert_{d}") for d in ("math", "code")]
+  mopd = _result(wd, "mopd")
+  for res in experts + [mopd, _result(wd, "joint_grpo")]:
+    led = res["ledger"]
+    # Per-phase totals equal the sum of the per-call records.
+    sums = {}
+    for r in led["records"]:
+      sums[r["phase"]] = sums.get(r["phase"], 0) + r["flops_per_call"] * r["calls"]
+    assert sums == {p: v for p, v in led["flops"].items()}
+  expert_total = sum(sum(_training(r["ledger"]).values()) for r in experts)
+  mopd_total = sum(_training(mopd["ledger"]).values())
+  sm = rep["arms"]["split_merge"]
+  assert sm["flops_total"]["mean"] == pytest.approx(expert_total + mopd_total, rel=1e-12)
+  assert sm["distillation_share_of_experts"]["mean"] == pytest.approx(mopd_total / expert_total)
+  assert _training(mopd["ledger"]).get("train/teacher", 0) > 0
+  # MOPD's curve starts where the experts finished.
+  assert mopd["curve"][0]["flops"] == pytest.approx(expert_total)
+  joint = _result(wd, "joint_grpo")
+  assert rep["arms"]["joint_grpo"]["flops_total"]["mean"] == pytest.approx(
+      sum(_training(joint["ledger"]).values()))
+  assert "train/teacher" not in joint["ledger"]["flops"]
+  assert all(p.startswith("base/") or p.startswith("eval/")
+             for p in _result(wd, "base")["ledger"]["flops"])
+
+
+def test_finished_phases_are_not_run_again(study, cache):
+  wd, _ = study
+  before = os.path.getmtime(os.path.join(wd, "seed_0", "mopd", "result.json"))
+  t = time.time()
+  r = _main(MINI, wd, cache, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert os.path.getmtime(os.path.join(wd, "seed_0", "mopd", "result.json")) == before
+  assert "split_merge" in r.stdout
+
+
+def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):
+  r = _main(MINI + ["--config.joint.stepz=3"], tmp_path / "a", cache, timeout=120)
+  assert r.returncode != 0 and "stepz" in r.stderr
+  r = _main(MINI[:-1] + ["--config.phases=('base','jiont')"], tmp_path / "b", cache, timeout=120)
+  assert r.returncode != 0 and "unknown phases ['jiont']" in r.stderr
+  r = _main(["--config=configs/study.py:two_domain"], tmp_path / "c", cache, timeout=120)
+  assert r.returncode != 0 and "exactly one of demo, full" in r.stderr
+
+
+RESUME = [
+    "--config=configs/mopd.py", "--config.domains=('math',)", "--config.seeds=(0,)",
+    "--config.progress=False", "--config.heldout_size=16", "--config.eval.batch_size=16",
+    "--config.eval.points=3", "--config.base.steps=10", "--config.experts.steps=10",
+    "--config.mopd.steps=10", "--config.rl.prompts_per_step=4", "--config.opd.prompts_per_step=4",
+    "--config.rl.samples_per_prompt=4", "--config.opd.samples_per_prompt=2",
+    "--config.checkpoint_every=2",
+]
+
+
+def _final_params(wd, phase):
+  """The phase's final parameters as saved (numpy leaves), read back without a target tree."""
+  import jax
+  import orbax.checkpoint as ocp
+  root = os.path.join(wd, "seed_0", phase, "final", "checkpoints")
+  (step,) = [d for d in os.listdir(root) if d.isdigit()]
+  tree = ocp.StandardCheckpointer().restore(os.path.join(root, step, "state"))
+  return jax.tree_util.tree_leaves(tree)
+
+
+def _kill_when(proc, path_fn, timeout=600):
+  """kill -9 `proc` as soon as path_fn() exists; returns False if the run ended first."""
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if proc.poll() is not None:
+      return False
+    if path_fn():
+      os.kill(proc.pid, signal.SIGKILL)
+      proc.wait()
+      return True
+    time.sleep(0.05)
+  proc.kill()
+  raise AssertionError("run did not reach the kill point in time")
+
+
+def test_kill9_grpo_and_opd_resume_exactly(tmp_path, cache):
+  ref, wd = tmp_path / "ref", tmp_path / "killed"
+  r = _main(RESUME, ref, cache, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  rng = np.random.default_rng(11)
+  args = [sys.executable, "-m", "smjax.main", *RESUME, f"--workdir={wd}"]
+  for phase in ("expert_math", "mopd"):
+    at = int(rng.integers(1, 4)) * 2   # a random checkpointed step: 2, 4 or 6
+    ckdir = os.path.join(wd, "seed_0", phase, "checkpoints", "checkpoints")
+    proc = subprocess.Popen(args, cwd=ROOT, env=_env(cache), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    assert _kill_when(proc, lambda: os.path.isdir(os.path.join(ckdir, str(at + 2)))), phase
+  r = subprocess.run(args, cwd=ROOT, env=_env(cache), capture_output=True, text=True, timeout=900)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "resumed from its checkpoint" in r.stderr
+  for phase in ("expert_math", "mopd"):
+    a, b = _result(ref, phase), _result(wd, phase)
+    assert a["ledger"]["flops"] == b["ledger"]["flops"], phase
+    assert a["curve"] == b["curve"], phase
+    for x, y in zip(_final_params(ref, phase), _final_params(wd, phase)):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
