@@ -429,6 +429,7 @@ def _self_teacher(ctx: SeedContext, joint: PhaseOutput, external: PhaseOutput, t
 def run_study(config: mlc.ConfigDict, workdir: str) -> dict:
   """Every seed of the study, then the report (report.json/csv/txt, curves.json, the plot)."""
   validate(config)
+  workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config.to_dict(), f, indent=1)

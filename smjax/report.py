@@ -149,6 +149,8 @@ def format_table(report: dict) -> str:
         reach_s = "-"
       elif reach["mean"] is None:
         reach_s = "never reached"
+      elif reach["mean"] == 0:
+        reach_s = "0 (starts above target)"
       else:
         reach_s = _fmt(reach) + (f" ({reach['missing']} seed(s) never)" if reach["missing"] else "")
       rows.append([name, _fmt(a["accuracy_mean"], pct=True), per,

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Sequence
 
 import flax.struct
@@ -44,6 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from smjax import sharding as shd
 from smjax.flops import ProgramCall, shape_struct
+from smjax.sampling import filter_top_k_top_p, inverse_cdf, picked_logprob
 from smjax.models.transformer import KVCache, ModelConfig, Transformer, init_cache, lm_head
 
 
@@ -146,75 +146,23 @@ def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, floa
 
 # --------------------------------------------------------------------------------- sampling
 
-def _filter_top_k_top_p(scaled_BV, top_k, top_p):
-  """-inf outside top-k (ties at the k-th value kept), then outside the smallest top-p nucleus of
-  the renormalised top-k distribution (HF warper order)."""
-  V = scaled_BV.shape[-1]
-  sorted_BV = -jnp.sort(-scaled_BV, axis=-1)
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, V), V)
-  kth_B1 = jax.lax.dynamic_slice_in_dim(sorted_BV, k - 1, 1, axis=-1)
-  in_k_BV = jnp.arange(V) < k
-  probs_BV = jax.nn.softmax(jnp.where(in_k_BV, sorted_BV, -jnp.inf), axis=-1)
-  mass_before_BV = jnp.cumsum(probs_BV, axis=-1) - probs_BV
-  # top_p >= 1 keeps all of top-k even where rounding pushes the running mass to 1.
-  in_p_BV = (mass_before_BV < top_p) | (top_p >= 1.0)
-  n_keep_B1 = jnp.sum(in_p_BV & in_k_BV, axis=-1, keepdims=True)
-  pth_B1 = jnp.take_along_axis(sorted_BV, jnp.maximum(n_keep_B1, 1) - 1, axis=-1)
-  keep_BV = (scaled_BV >= kth_B1) & (scaled_BV >= pth_B1)
-  return jnp.where(keep_BV, scaled_BV, -jnp.inf)
-
-
-def _inverse_cdf(u_B, scaled_BV):
-  """The token i with cdf[i-1] <= u·total < cdf[i] under softmax(scaled_BV), u ~ U[0, 1).
-
-  Gumbel-max would need V random numbers per row and a full-vocab cumsum is slow on CPU, so the
-  cdf is taken in two levels: over blocks of ~sqrt(V) tokens, then inside the chosen block. The
-  clamps only act when rounding puts u·total outside the sums; they keep zero-weight tokens
-  (top-k/top-p exclusions, vocab padding) unreachable.
-  """
-  B, V = scaled_BV.shape
-  blk = 1 << max(0, math.ceil(math.log2(math.sqrt(V))))
-  nb = -(-V // blk)
-  w_BV = jnp.exp(scaled_BV - jnp.max(scaled_BV, axis=-1, keepdims=True))
-  w_BNb = jnp.pad(w_BV, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
-  bsum_BN = jnp.sum(w_BNb, axis=-1)
-  bcum_BN = jnp.cumsum(bsum_BN, axis=-1)
-  target_B = u_B * bcum_BN[:, -1]
-  last_blk_B = jnp.max(jnp.where(bsum_BN > 0, jnp.arange(nb), 0), axis=-1)
-  j_B = jnp.minimum(jnp.sum(bcum_BN <= target_B[:, None], axis=-1), last_blk_B)
-  pick = lambda x_BN: jnp.take_along_axis(x_BN, j_B[:, None], axis=1)[:, 0]
-  w_Bb = jnp.take_along_axis(w_BNb, j_B[:, None, None], axis=1)[:, 0]
-  cdf_Bb = (pick(bcum_BN) - pick(bsum_BN))[:, None] + jnp.cumsum(w_Bb, axis=-1)
-  pos_Bb = w_Bb > 0
-  first_B = jnp.argmax(pos_Bb, axis=-1)
-  last_B = blk - 1 - jnp.argmax(pos_Bb[:, ::-1], axis=-1)
-  i_B = jnp.clip(jnp.sum(cdf_Bb <= target_B[:, None], axis=-1), first_B, last_B)
-  return (j_B * blk + i_B).astype(jnp.int32)
-
-
-def _picked_logprob(x_BV, tok_B):
-  """log_softmax(x)[tok] without materialising the [B, V] log-softmax."""
-  return (jnp.take_along_axis(x_BV, tok_B[:, None], axis=-1)[:, 0]
-          - jax.nn.logsumexp(x_BV, axis=-1))
-
-
 def _sample(logits_BV, u_B, sp: SamplingParams):
   """(token, policy log-prob at temperature 1, sampling-distribution log-prob) per row."""
   logits_BV = logits_BV.astype(jnp.float32)
 
   def sampled(_):
     scaled_BV = logits_BV / sp.temperature
-    scaled_BV = jax.lax.cond(sp.filtering, _filter_top_k_top_p, lambda x, *_: x, scaled_BV,
+    scaled_BV = jax.lax.cond(sp.filtering, filter_top_k_top_p, lambda x, *_: x, scaled_BV,
                              sp.top_k, sp.top_p)
-    tok_B = _inverse_cdf(u_B, scaled_BV)
-    return tok_B, _picked_logprob(scaled_BV, tok_B)
+    tok_B = inverse_cdf(u_B, scaled_BV)
+    return tok_B, picked_logprob(scaled_BV, tok_B)
 
   def greedy(_):
     tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     return tok_B, jnp.zeros(tok_B.shape, jnp.float32)
 
   tok_B, slp_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
-  return tok_B, _picked_logprob(logits_BV, tok_B), slp_B
+  return tok_B, picked_logprob(logits_BV, tok_B), slp_B
 
 
 def _advance(state: SamplingState, logits_BV, sp: SamplingParams):

@@ -365,3 +365,15 @@ def test_sigterm_then_kill9_then_resume_equals_uninterrupted_run(reference_run):
   for name, want in ref_state.items():
     assert np.array_equal(got_state[name].reshape(-1).view(np.uint8),
                           want.reshape(-1).view(np.uint8)), name
+
+
+def test_relative_workdir_is_accepted(tmp_path, monkeypatch):
+  """orbax needs absolute paths; a relative workdir (e.g. runs/demo) must still save and restore."""
+  monkeypatch.chdir(tmp_path)
+  state = {"w": jnp.arange(6.0).reshape(2, 3)}
+  with Checkpointer("runs/rel", max_to_keep=1, keep_best=False, async_save=False) as ckpt:
+    ckpt.save(3, state)
+  with Checkpointer("runs/rel", max_to_keep=1, keep_best=False, async_save=False) as ckpt:
+    restored = ckpt.restore_latest(state)
+  assert restored.step == 3 and os.path.isdir(tmp_path / "runs" / "rel" / "checkpoints" / "3")
+  np.testing.assert_array_equal(np.asarray(restored.state["w"]), np.arange(6.0).reshape(2, 3))
