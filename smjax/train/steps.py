@@ -190,7 +190,7 @@ def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
   def step(state: TrainState, batch: SequenceBatch):
     counts = _counts(batch)
     loss, aux, grads = _accumulate_grads(loss_fn, state.params, batch, counts, micro_batches)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, new_opt = tx.update(grads, state.opt_state, state.params)
     new_params = optax.apply_updates(state.params, updates)
