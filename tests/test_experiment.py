@@ -118,7 +118,6 @@ def test_flop_totals_add_up_across_phases(study):
 def test_finished_phases_are_not_run_again(study, cache):
   wd, _ = study
   before = os.path.getmtime(os.path.join(wd, "seed_0", "mopd", "result.json"))
-  t = time.time()
   r = _main(MINI, wd, cache, timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
   assert os.path.getmtime(os.path.join(wd, "seed_0", "mopd", "result.json")) == before

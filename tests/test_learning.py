@@ -9,7 +9,6 @@ domains the study's short RL runs do not yet improve held-out accuracy; see READ
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from smjax.domains import get_domain

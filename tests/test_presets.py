@@ -1,7 +1,6 @@
 """Every full-size preset, built abstractly (nothing allocated), against its published size."""
 
 import jax
-import numpy as np
 import pytest
 
 from smjax.models.presets import PRESETS, get_preset

@@ -100,6 +100,36 @@ class Domain(abc.ABC):
     return f"{type(self).__name__}(name={self.name!r})"
 
 
+class SandboxDomain:
+  """Mixin for domains verified by running code in the sandbox: subclasses give `job(example,
+  completion) -> Job | None` (None: unrunnable, scores 0) and `passed(example, result)`. The
+  whole batch goes to the sandbox pool at once; identical jobs (GRPO groups repeat completions)
+  run once. A failing sandbox raises instead of scoring 0."""
+
+  uses_sandbox = True
+
+  def score(self, example: Example, completion: str) -> float:
+    return self.verify_many([example], [completion])[0]
+
+  def verify(self, example: Example, completion: str) -> float:
+    try:
+      return self.score(example, completion)
+    except Exception:  # pylint: disable=broad-except
+      return 0.0
+
+  def verify_many(self, examples: Sequence[Example], completions: Sequence[str], *,
+                  pool: Any = None) -> list[float]:
+    from smjax.rewards.sandbox import default_pool  # pylint: disable=import-outside-toplevel
+    jobs = [self.job(e, c) for e, c in zip(examples, completions, strict=True)]
+    first: dict[Any, int] = {}
+    for i, j in enumerate(jobs):
+      if j is not None:
+        first.setdefault(j, i)
+    results = dict(zip(first, (pool or default_pool()).run(list(first)))) if first else {}
+    return [0.0 if j is None else float(self.passed(examples[i], results[j]))
+            for i, j in enumerate(jobs)]
+
+
 class ToyDomain(Domain):
   """A procedural domain whose examples are generated one index at a time.
 

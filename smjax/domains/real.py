@@ -17,10 +17,9 @@ import re
 import zlib
 from typing import Any, Sequence
 
-from smjax.domains.base import Domain, Example, check_split
+from smjax.domains.base import Domain, Example, SandboxDomain, check_split
 from smjax.domains.records import load_records
 from smjax.rewards.math import gold_answer, math_reward
-from smjax.domains.toy_code import run_deduplicated
 from smjax.rewards.sandbox import Job, Limits
 
 MATH_TEMPLATE = "{question}\nPut your final answer in \\boxed{{}}."
@@ -113,11 +112,10 @@ class JsonlMathDomain(_FileDomain):
     return math_reward(completion, example.reference)
 
 
-class JsonlCodeDomain(_FileDomain):
+class JsonlCodeDomain(SandboxDomain, _FileDomain):
   """{prompt, tests, entry_point} records verified in the sandbox."""
 
   kind, key_field = "code", "prompt"
-  uses_sandbox = True
 
   def __init__(self, path: str | None = None, *, limits: Limits = CODE_LIMITS, **files: Any):
     super().__init__(path, **files)
@@ -150,18 +148,5 @@ class JsonlCodeDomain(_FileDomain):
     return Job(program, kind="module", entry=example.reference["entry_point"],
                tests=example.reference["tests"], prelude=prelude, limits=self.limits)
 
-  def score(self, example: Example, completion: str) -> float:
-    return self.verify_many([example], [completion])[0]
-
-  def verify(self, example: Example, completion: str) -> float:
-    try:
-      return self.score(example, completion)
-    except Exception:  # pylint: disable=broad-except
-      return 0.0
-
-  def verify_many(self, examples: Sequence[Example], completions: Sequence[str], *,
-                  pool: Any = None) -> list[float]:
-    from smjax.rewards.sandbox import default_pool  # pylint: disable=import-outside-toplevel
-    jobs = [self.job(e, c) for e, c in zip(examples, completions, strict=True)]
-    return run_deduplicated(jobs, lambda i, r: float(r.status == "ok" and r.passed is True),
-                            pool or default_pool())
+  def passed(self, example: Example, result) -> bool:
+    return result.status == "ok" and result.passed is True

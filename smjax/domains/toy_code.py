@@ -26,9 +26,8 @@ was too hard at that size.
 from __future__ import annotations
 
 import random
-from typing import Any, Sequence
 
-from smjax.domains.base import Example, ToyDomain
+from smjax.domains.base import Example, SandboxDomain, ToyDomain
 from smjax.domains.toy_math import is_held_out
 from smjax.rewards.sandbox import Job, Limits
 
@@ -42,11 +41,10 @@ def gold_value(a: int, c: int, sign: int, x: int) -> int:
   return a * x + sign * c
 
 
-class CodeDomain(ToyDomain):
+class CodeDomain(SandboxDomain, ToyDomain):
   """Program synthesis from input/output examples; see the module docstring."""
 
   name = "code"
-  uses_sandbox = True
 
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
     want_test = split == "test"
@@ -87,22 +85,8 @@ class CodeDomain(ToyDomain):
     return Job(program, kind="expr", arg_names=("x",),
                calls=tuple((x,) for x in example.reference["inputs"]), limits=LIMITS)
 
-  def score(self, example: Example, completion: str) -> float:
-    return self.verify_many([example], [completion])[0]
-
-  def verify(self, example: Example, completion: str) -> float:
-    try:
-      return self.score(example, completion)
-    except Exception:  # pylint: disable=broad-except
-      return 0.0
-
-  def verify_many(self, examples: Sequence[Example], completions: Sequence[str], *,
-                  pool: Any = None) -> list[float]:
-    """One sandbox run for the whole batch (each distinct job once)."""
-    from smjax.rewards.sandbox import default_pool  # pylint: disable=import-outside-toplevel
-    jobs = [self.job(e, c) for e, c in zip(examples, completions, strict=True)]
-    return run_deduplicated(jobs, lambda i, r: float(r.matches(examples[i].reference["outputs"])),
-                            pool or default_pool())
+  def passed(self, example: Example, result) -> bool:
+    return result.matches(example.reference["outputs"])
 
 
 def _names(code) -> set[str]:
@@ -112,14 +96,3 @@ def _names(code) -> set[str]:
     if hasattr(const, "co_names"):
       names |= _names(const)
   return names
-
-
-def run_deduplicated(jobs: Sequence[Job | None], reward: Any, pool: Any) -> list[float]:
-  """Runs each distinct job once (GRPO groups repeat completions) and scores every position with
-  reward(index, result); None jobs score 0."""
-  first: dict[Job, int] = {}
-  for i, j in enumerate(jobs):
-    if j is not None:
-      first.setdefault(j, i)
-  results = dict(zip(first, pool.run(list(first)))) if first else {}
-  return [0.0 if j is None else reward(i, results[j]) for i, j in enumerate(jobs)]

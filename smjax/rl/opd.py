@@ -29,7 +29,6 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from smjax.kernels import reverse_kl as reverse_kl_kernel
 from smjax.rl import grpo
 from smjax.rl.logprobs import token_logprobs
 
