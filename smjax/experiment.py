@@ -33,11 +33,13 @@ import numpy as np
 from smjax import checkpoint as ckpt_lib
 from smjax import data as data_lib
 from smjax import domains as domains_lib
+from smjax import sharding
+from smjax.models import hf
 from smjax.rewards.verify import verify_batch
 from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
-from smjax.models.tokenizer import CharTokenizer
-from smjax.models.transformer import Transformer, init_params
+from smjax.models.tokenizer import CharTokenizer, HFTokenizer
+from smjax.models.transformer import Transformer, init_params, param_logical_axes
 from smjax.report import ArmResult, build_report, format_table, write_report
 from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
@@ -91,9 +93,18 @@ class SeedContext:
 
   def __init__(self, config: mlc.ConfigDict, seed: int, workdir: str):
     self.config, self.seed, self.workdir = config, seed, workdir
-    self.tokenizer = CharTokenizer()
-    self.model_cfg = get_preset(config.model.preset)
+    m = config.model
+    if m.hf_path:
+      self.tokenizer = HFTokenizer(m.hf_path)
+      self.model_cfg = hf.config_from_hf(m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype,
+                                         max_seq_len=m.max_seq_len or None)
+    else:
+      self.tokenizer = CharTokenizer()
+      self.model_cfg = get_preset(m.preset, param_dtype=m.param_dtype, dtype=m.dtype,
+                                  **({"max_seq_len": m.max_seq_len} if m.max_seq_len else {}))
     self.model = Transformer(self.model_cfg)
+    mesh = sharding.mesh_from_config(config.mesh)
+    self.mesh = mesh if mesh.size > 1 else None
     self.domains = {d: domains_lib.get_domain(d, difficulty=config.difficulty)
                     for d in config.domains}
     # The held-out split is disjoint from training by construction (smjax.domains); its seed is
@@ -103,7 +114,8 @@ class SeedContext:
     self.verifier = lambda examples, texts: verify_batch(examples, texts, domains=self.domains)
     rl = config.rl
     self.sampler = Sampler(self.model_cfg, max_new_tokens=rl.max_new_tokens,
-                           eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id)
+                           eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
+                           mesh=self.mesh)
     self.evaluator = Evaluator(self.sampler, self.tokenizer, self.heldout, self.verifier,
                                batch_size=config.eval.batch_size)
     # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
@@ -115,7 +127,8 @@ class SeedContext:
         eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
         aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
     self.grpo_step = steps_lib.jit_step(steps_lib.make_grpo_step(
-        self.model, self.rl_tx, grpo_cfg, lr_schedule=state_lib.learning_rate_schedule(self.rl_opt)))
+        self.model, self.rl_tx, grpo_cfg, lr_schedule=state_lib.learning_rate_schedule(self.rl_opt),
+        mesh=self.mesh))
     o = config.opd
     self.opd_opt = state_lib.OptimizerConfig(learning_rate=o.learning_rate, clip_norm=rl.clip_norm)
     self.opd_tx = state_lib.make_optimizer(self.opd_opt)
@@ -123,11 +136,41 @@ class SeedContext:
                                        eps_high=o.eps_high, top_k=o.top_k,
                                        micro_batches=o.micro_batches, impl=o.impl)
     self.opd_step = steps_lib.jit_step(steps_lib.make_opd_step(self.model, self.opd_tx,
-                                                               self.opd_cfg))
+                                                               self.opd_cfg, mesh=self.mesh))
     self.ref_fn = jax.jit(steps_lib.make_logprob_fn(self.model)) if rl.beta else None
     self.eval_every_flops = self._load_eval_interval()
 
   # ------------------------------------------------------------------------------- helpers
+  def abstract_params(self, cfg=None):
+    """ShapeDtypeStructs of a model's parameters (with their shardings on a mesh): restore
+    templates that allocate nothing, whatever the model's size."""
+    cfg = cfg or self.model_cfg
+    abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    if self.mesh is None:
+      return abstract
+    shards = sharding.param_shardings(abstract, param_logical_axes(cfg), self.mesh)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shards)
+
+  def place(self, params, cfg=None):
+    """Parameters on the mesh with their logical-axis shardings (unchanged on one device)."""
+    if self.mesh is None:
+      return params
+    shards = jax.tree.map(lambda a: a.sharding, self.abstract_params(cfg))
+    return jax.device_put(params, shards)
+
+  def initial_params(self):
+    """The base phase's starting point: the HF checkpoint's weights, or a seeded random init."""
+    m = self.config.model
+    if m.hf_path:
+      shards = jax.tree.map(lambda a: a.sharding, self.abstract_params()) if self.mesh else None
+      put = None
+      if shards is not None:
+        put = lambda path, arr: jax.device_put(arr, _get_path(shards, path))
+      _, params = hf.load_params(m.hf_path, self.model_cfg, put=put)
+      return params if put is not None else jax.tree.map(jnp.asarray, params)
+    return self.place(init_params(self.model_cfg, jax.random.key(self.seed)))
+
   def prompts(self, domains, batch_size: int, stream_seed: int, transform=None) -> PromptStream:
     ds = data_lib.prompt_pipeline([self.domains[d] for d in domains], batch_size=batch_size,
                                   split="train", seed=self.seed * 1000 + stream_seed)
@@ -214,30 +257,38 @@ def _checkpointer(ctx: SeedContext, phase: str) -> ckpt_lib.Checkpointer:
                                config=ctx.config.to_dict(), ignore_fields=RUN_NEUTRAL_FIELDS)
 
 
+def _get_path(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
 def phase_base(ctx: SeedContext) -> PhaseOutput:
-  """SFT warm-up of the shared base model on every domain's gold solutions (FLOPs: base/sft)."""
+  """The shared base model: SFT warm-up on every domain's gold solutions (FLOPs: base/sft), from a
+  random init (toy) or from the HF checkpoint of `model.hf_path` (`base.steps=0`: its weights as
+  they are)."""
   b = ctx.config.base
-  template = init_params(ctx.model_cfg, jax.random.key(ctx.seed))
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=b.learning_rate, warmup_steps=b.warmup_steps,
-                                    total_steps=b.steps, schedule="cosine")
+                                    total_steps=max(b.steps, 1), schedule="cosine")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(ctx.model, tx))
-    state = state_lib.create_state(init_params(ctx.model_cfg, jax.random.key(ctx.seed)), tx)
+    state = state_lib.create_sharded_state(ctx.initial_params(), tx)
     ledger = FlopLedger()
     with ctx.writer("base") as writer:
-      state, _ = run_sft(phase="base/sft", state=state, step=step,
-                         examples_iter=ctx.prompts(ctx.config.domains, b.batch_size, 1),
-                         tokenizer=ctx.tokenizer, seq_len=b.seq_len, num_steps=b.steps,
-                         ledger=ledger, writer=writer, progress=ctx.config.progress)
+      if b.steps:
+        state, _ = run_sft(phase="base/sft", state=state, step=step,
+                           examples_iter=ctx.prompts(ctx.config.domains, b.batch_size, 1),
+                           tokenizer=ctx.tokenizer, seq_len=b.seq_len, num_steps=b.steps,
+                           ledger=ledger, writer=writer, progress=ctx.config.progress)
       acc, lengths, calls = ctx.evaluator(state.params)
       ledger.add(calls)
       writer.write(b.steps, {f"heldout/{d}": a for d, a in acc.items()})
     point = {"step": b.steps, "flops": 0.0, "accuracy": acc, "mean": float(np.mean(list(
         acc.values()))), "length": lengths}
     return PhaseOutput(state.params, ledger, [point], {})
-  return run_phase(ctx, "base", template, fn)
+  return run_phase(ctx, "base", ctx.abstract_params(), fn)
 
 
 def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains, steps: int,
@@ -256,7 +307,7 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
         seed=ctx.seed * 7919 + stream_seed, progress=c.progress)
     tx = ctx.rl_tx if algo == "grpo" else ctx.opd_tx
     step = ctx.grpo_step if algo == "grpo" else ctx.opd_step
-    state = state_lib.create_state(jax.tree.map(jnp.copy, init_params_), tx)
+    state = state_lib.create_sharded_state(jax.tree.map(jnp.copy, init_params_), tx)
     prompts = ctx.prompts(domains, rl.prompts_per_step, stream_seed)
     evaluator = ctx.evaluator
     if heldout_domains is not None:
@@ -301,7 +352,7 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
     return PhaseOutput(result.state.params, result.ledger, result.curve,
                        {"last_metrics": result.last_metrics})
 
-  return run_phase(ctx, phase, init_params_, fn)
+  return run_phase(ctx, phase, ctx.abstract_params(), fn)
 
 
 def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
@@ -314,14 +365,14 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
                      f"{cfg.vocab_size}, the student {ctx.model_cfg.vocab_size}: OPD needs one "
                      "vocabulary")
   model = Transformer(cfg)
-  template = init_params(cfg, jax.random.key(ctx.seed + 1))
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=e.teacher_learning_rate, warmup_steps=20,
                                     total_steps=e.teacher_sft_steps, schedule="cosine")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(model, tx))
-    state = state_lib.create_state(template, tx)
+    state = state_lib.create_sharded_state(
+        ctx.place(init_params(cfg, jax.random.key(ctx.seed + 1)), cfg), tx)
     ledger = FlopLedger()
     stream = ctx.prompts(ctx.config.domains, b.batch_size, 2, transform=verbose)
     with ctx.writer("external_teacher") as writer:
@@ -338,8 +389,7 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
     point = {"step": e.teacher_sft_steps, "flops": 0.0, "accuracy": acc,
              "mean": float(np.mean(list(acc.values()))), "length": lengths}
     return PhaseOutput(state.params, ledger, [point], {"preset": e.teacher_preset})
-  out = run_phase(ctx, "external_teacher", template, fn)
-  return out
+  return run_phase(ctx, "external_teacher", ctx.abstract_params(cfg), fn)
 
 
 def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]:

@@ -30,7 +30,13 @@ def study_defaults() -> mlc.ConfigDict:
   c.log_every = 25
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
 
-  c.model = mlc.ConfigDict(dict(preset="toy-tiny"))
+  # hf_path: a local Hugging Face directory (config.json, safetensors, tokenizer.json). When set,
+  # it replaces `preset` and the char tokenizer, and the base phase starts from its weights.
+  c.model = mlc.ConfigDict(dict(preset="toy-tiny", hf_path="", param_dtype="float32",
+                                dtype="float32", max_seq_len=0))
+  # Device mesh (smjax.sharding): rows over data x fsdp, parameters over fsdp and tensor.
+  # data=-1 takes every device the other axes leave.
+  c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
   # seq_len fits BOS + the longest toy prompt (24) + solution (10) + EOS; rows are left-padded.
   # Calibration (2-core CPU, 2026-11-30): held-out accuracy jumps late in SFT (batch 128: 600
@@ -75,7 +81,10 @@ def validate(c: mlc.ConfigDict) -> None:
     raise ValueError("config.seeds is empty; give at least one seed")
   if len(set(c.domains)) != len(c.domains) or not c.domains:
     raise ValueError(f"config.domains={list(c.domains)} must be a non-empty list without repeats")
-  for field in ("base.steps", "joint.steps", "experts.steps", "mopd.steps", "external.steps",
+  if c.base.steps < 0 or (c.base.steps == 0 and not c.model.hf_path):
+    raise ValueError(f"config.base.steps={c.base.steps}: a toy base needs >= 1 SFT step (0 is "
+                     "allowed only with model.hf_path, whose weights are then the base)")
+  for field in ("joint.steps", "experts.steps", "mopd.steps", "external.steps",
                 "rl.prompts_per_step", "rl.samples_per_prompt", "rl.max_new_tokens",
                 "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size"):
     sect, _, key = field.partition(".")
