@@ -12,6 +12,7 @@ Splits: with one file, a record is held out iff the CRC-32 of its question/promp
 
 from __future__ import annotations
 
+import abc
 import random
 import re
 import zlib
@@ -77,8 +78,9 @@ class _FileDomain(Domain):
       rnd += 1
     return out
 
+  @abc.abstractmethod
   def _example(self, rec: dict) -> Example:
-    raise NotImplementedError
+    """One validated record as an Example (the math and code domains define it)."""
 
 
 class JsonlMathDomain(_FileDomain):
