@@ -1,0 +1,280 @@
+"""The smjax side of the GRPO peer benchmarks (grpo_step_vs_trl.py, grpo_step_vs_tunix.py).
+
+Runs in smjax's own venv. The model is a random Qwen3-style `transformers` model saved with
+`save_pretrained` and loaded into smjax with `smjax.models.hf.load_params`, so the peers (which
+load the same directory) train exactly the same weights.
+
+What is timed here:
+- step: `jit_step(make_grpo_step(...))`, compiled ahead of time (compile time reported apart),
+  on the fixed batch of `_peer_common.make_step_batch` (forward over prompt + completion, GRPO
+  loss from rewards, backward, grad-norm clip, AdamW): median of `reps` calls after `warmup`.
+- iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the
+  host, `rollout_batch`, and the same compiled step (the fixed batch is padded to the sampler's
+  prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+import _peer_common as common
+
+
+def build_hf_model(size: str, path: str, *, seed: int = 0) -> int:
+  """Saves a random Qwen3-style HF model of `size` at `path`; returns its parameter count."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  torch.manual_seed(seed)
+  model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common.hf_config_kwargs(size)))
+  model.save_pretrained(path)
+  return sum(p.numel() for p in model.parameters())
+
+
+def _optimizer(lr: float):
+  from smjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  # AdamW as torch's defaults (betas 0.9/0.999, eps 1e-8, no weight decay), global-norm clip 1.0.
+  return state_lib.make_optimizer(state_lib.OptimizerConfig(
+      learning_rate=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0))
+
+
+def sequence_batch(b: dict[str, np.ndarray]):
+  """The numpy step batch as a `SequenceBatch` (prompt ++ completion, target-aligned mask), laid
+  out as `rollout_batch` lays out a sampler result of the same shapes."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from smjax.train.steps import SequenceBatch  # pylint: disable=import-outside-toplevel
+  tokens = np.concatenate([b["prompt_BP"], b["completion_BC"]], axis=1).astype(np.int32)
+  attn = np.concatenate([b["prompt_mask_BP"], b["completion_mask_BC"]], axis=1).astype(bool)
+  positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
+  P = b["prompt_BP"].shape[1]
+  loss_mask = np.zeros((tokens.shape[0], tokens.shape[1] - 1), bool)
+  loss_mask[:, P - 1:] = b["completion_mask_BC"].astype(bool)
+  return SequenceBatch(tokens_BS=jnp.asarray(tokens), positions_BS=jnp.asarray(positions),
+                       attn_mask_BS=jnp.asarray(attn), loss_mask_BT=jnp.asarray(loss_mask),
+                       rewards_B=jnp.asarray(b["rewards_B"]))
+
+
+class Side:
+  """smjax's GRPO step for a saved model, compiled once (ahead of time) for the batch shape that
+  both the fixed step batch and the sampler's rollouts have, and shared by both measurements."""
+
+  def __init__(self, model_dir: str, batch_np: dict, *, group_size: int, lr: float):
+    import jax  # pylint: disable=import-outside-toplevel
+    from smjax.flops import executable_flops  # pylint: disable=import-outside-toplevel
+    from smjax.models import hf  # pylint: disable=import-outside-toplevel
+    from smjax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+    from smjax.train import steps  # pylint: disable=import-outside-toplevel
+    self.cfg, self.params = hf.load_params(model_dir)
+    self.tx = _optimizer(lr)
+    model = Transformer(self.cfg)
+    grpo_cfg = steps.GRPOConfig(group_size=group_size, advantage_mode="grpo", eps_low=0.2,
+                                eps_high=0.28, beta=0.0, aggregation="token_mean")
+    step = steps.jit_step(steps.make_grpo_step(model, self.tx, grpo_cfg))
+    batch = sequence_batch(batch_np)
+    # Behaviour log-probs of the same parameters: ratios start at exactly the on-policy 1, as the
+    # peers' (TRL and Tunix take the detached current log-probs when iterating once per batch).
+    self.batch = batch.replace(
+        old_logp_BT=jax.jit(steps.make_logprob_fn(model))(self.params, batch))
+    t0 = time.perf_counter()
+    self.step = step.fn.lower(self.fresh_state(), self.batch).compile()
+    self.compile_s = time.perf_counter() - t0
+    # XLA's cost analysis of the very executable that is timed (what compiled_flops reports).
+    self.flops = executable_flops(self.step)[0]
+
+  def fresh_state(self):
+    """A new train state from the loaded weights (copies: the step donates its state)."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+    from smjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+    return state_lib.create_state(jax.tree.map(jnp.copy, self.params), self.tx)
+
+
+def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
+  """Times smjax's compiled GRPO step on the fixed batch (module docstring)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  holder = {"state": side.fresh_state()}
+
+  def run():
+    new_state, metrics = side.step(holder["state"], side.batch)
+    jax.block_until_ready((new_state, metrics))
+    holder["state"] = new_state
+    return metrics
+
+  t0 = time.perf_counter()
+  first_metrics = run()
+  first = time.perf_counter() - t0
+  for _ in range(max(warmup - 1, 0)):
+    run()
+  out = common.summary(common.timed(run, reps))
+  out.update(first_call_s=first, compile_s=side.compile_s, compiled_flops=side.flops,
+             gflops_per_s=side.flops / out["median_s"] / 1e9,
+             first_loss=float(first_metrics["loss"]),
+             first_grad_norm=float(first_metrics["grad_norm"]),
+             what="jit_step(make_grpo_step): forward over prompt+completion, GRPO loss from "
+                  "rewards (token_mean), backward, global-norm clip 1.0, AdamW")
+  return out
+
+
+def iteration_bench(side: Side, prompts: list[list[int]], *, group_size: int,
+                    completion_len: int, prompt_bucket: int, reps: int, warmup: int,
+                    seed: int) -> dict:
+  """Times a full smjax GRPO iteration: sample, reward, batch, step (module docstring)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from smjax.rollout import Sampler  # pylint: disable=import-outside-toplevel
+  from smjax.train.batching import rollout_batch  # pylint: disable=import-outside-toplevel
+  sampler = Sampler(side.cfg, max_new_tokens=completion_len, eos_id=None, pad_id=common.PAD_ID,
+                    prompt_buckets=(prompt_bucket,))
+  holder = {"state": side.fresh_state(), "i": 0}
+  rewards_seen = []
+
+  def run():
+    holder["i"] += 1
+    res = sampler.generate(holder["state"].params, prompts, jax.random.key(seed + holder["i"]),
+                           num_samples=group_size, temperature=1.0)
+    completion = np.asarray(res.completion_BT)
+    mask = np.asarray(res.completion_mask_BT).astype(bool)
+    rewards = [common.reward_of_ids(row[m]) for row, m in zip(completion, mask)]
+    new_state, metrics = side.step(holder["state"], rollout_batch(res, rewards_B=rewards))
+    jax.block_until_ready((new_state, metrics))
+    holder["state"] = new_state
+    rewards_seen.append(float(np.mean(rewards)))
+
+  t0 = time.perf_counter()
+  run()
+  first = time.perf_counter() - t0
+  for _ in range(max(warmup - 1, 0)):
+    run()
+  out = common.summary(common.timed(run, reps))
+  out.update(first_call_s=first, mean_reward=rewards_seen,
+             what="Sampler.generate (prefill + while_loop decode, G samples per prompt, "
+                  f"{completion_len} new tokens, no EOS) + host reward + rollout_batch + the "
+                  "same compiled GRPO step")
+  return out
+
+
+# ---------------------------------------------------------------------------------- driver
+
+def parse_args(description: str, peer: str, argv=None):
+  import argparse  # pylint: disable=import-outside-toplevel
+  ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--size", default="small", choices=sorted(common.SIZES))
+  ap.add_argument("--prompts", type=int, default=4, help="distinct prompts a step")
+  ap.add_argument("--group-size", type=int, default=4, help="G samples per prompt")
+  ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 32), help="min max")
+  ap.add_argument("--completion-len", type=int, default=64)
+  ap.add_argument("--reps", type=int, default=5, help="timed steps")
+  ap.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
+  ap.add_argument("--iter-reps", type=int, default=3, help="timed sampling+update iterations")
+  ap.add_argument("--iter-warmup", type=int, default=1)
+  ap.add_argument("--modes", nargs="+", default=["step", "iteration"],
+                  choices=["step", "iteration"])
+  ap.add_argument("--lr", type=float, default=1e-6)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--threads", type=int, default=0,
+                  help="CPUs for both sides (0: all this process may use)")
+  ap.add_argument("--envs-dir", default="bench_results/envs",
+                  help=f"where the peer venv ({peer}) is created; bench_results/ is git-ignored")
+  ap.add_argument("--peer-timeout", type=float, default=3600.0, help="seconds")
+  ap.add_argument("--skip-peer", action="store_true", help="smjax side only (smoke tests)")
+  ap.add_argument("--out", default=f"bench_results/grpo_step_vs_{peer}.json")
+  return ap.parse_args(argv)
+
+
+def _smjax_round(side: Side, args, prompts, bucket: int, label: str) -> dict:
+  """Both smjax measurements once (the compiled step and the sampler are reused across rounds)."""
+  import os  # pylint: disable=import-outside-toplevel
+  ours = {"loadavg": os.getloadavg()}
+  if "step" in args.modes:
+    ours["step"] = s = step_bench(side, reps=args.reps, warmup=args.warmup)
+    print(f"  smjax step      ({label}): {s['median_s'] * 1e3:8.1f} ms  "
+          f"({s['compiled_flops'] / 1e9:.1f} GFLOP, {s['gflops_per_s']:.1f} GFLOP/s; compile "
+          f"{s['compile_s']:.1f} s)")
+  if "iteration" in args.modes:
+    ours["iteration"] = s = iteration_bench(
+        side, prompts, group_size=args.group_size, completion_len=args.completion_len,
+        prompt_bucket=bucket, reps=args.iter_reps, warmup=args.iter_warmup, seed=args.seed)
+    print(f"  smjax iteration ({label}): {s['median_s'] * 1e3:8.1f} ms  (first call "
+          f"{s['first_call_s']:.1f} s, the first round's incl. the sampler's compile)")
+  return ours
+
+
+def compare(args, *, peer: str, requirements: list[str], peer_script: str) -> dict:
+  """Runs both sides on the same weights, batch and settings; prints and writes the ratios.
+
+  smjax is measured before and again after the peer (a machine shared with other jobs drifts);
+  each ratio is taken against the slower of smjax's two medians. Raises RuntimeError (with the
+  reason) when the peer cannot be installed or run."""
+  import json  # pylint: disable=import-outside-toplevel
+  import os  # pylint: disable=import-outside-toplevel
+  import platform  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  threads = common.pin_threads(args.threads)  # before jax (and the peer) size their pools
+  import jax  # pylint: disable=import-outside-toplevel
+  print(f"CPU threads: both sides on the same {threads} cores {sorted(os.sched_getaffinity(0))} "
+        f"(process affinity, inherited by the {peer} subprocess, whose torch, if any, runs "
+        f"torch.set_num_threads({threads})); jax {jax.__version__}; load average "
+        f"{os.getloadavg()[0]:.2f}")
+  vocab = common.SIZES[args.size][0]
+  G, C = args.group_size, args.completion_len
+  results = dict(config=vars(args), threads=threads, platform=platform.platform(),
+                 jax=jax.__version__, peer=peer, peer_requirements=requirements)
+  with tempfile.TemporaryDirectory() as work:
+    model_dir = os.path.join(work, "model")
+    results["params"] = n_params = build_hf_model(args.size, model_dir, seed=args.seed)
+    bucket = common.prompt_bucket(args.prompt_len[1])
+    batch = common.make_step_batch(prompts=args.prompts, group_size=G,
+                                   prompt_len=tuple(args.prompt_len), completion_len=C,
+                                   vocab=vocab, seed=args.seed, pad_to=bucket)
+    batch_npz = os.path.join(work, "batch.npz")
+    np.savez(batch_npz, **batch)
+    prompts = common.make_prompts(prompts=args.prompts, prompt_len=tuple(args.prompt_len),
+                                  vocab=vocab, seed=args.seed)
+    B, P = batch["prompt_BP"].shape
+    print(f"model: Qwen3-style '{args.size}', {n_params / 1e6:.2f}M params, vocab {vocab}, f32, "
+          f"random weights shared (HF save_pretrained -> smjax.models.hf.load_params / {peer})")
+    print(f"batch: {args.prompts} prompts x G={G} = {B} rows; prompts {args.prompt_len[0]}-"
+          f"{args.prompt_len[1]} tokens (left-padded to {P}), completions {C} tokens "
+          f"(step batch: {int(batch['completion_mask_BC'].sum())} real completion tokens)")
+
+    side = Side(model_dir, batch, group_size=G, lr=args.lr)
+    results["smjax"] = ours = _smjax_round(side, args, prompts, bucket, "before")
+    if args.skip_peer:
+      print(f"--skip-peer: {peer} side not run")
+    else:
+      python = common.ensure_venv(os.path.join(args.envs_dir, peer), requirements)
+      spec = dict(size=args.size, model_dir=model_dir, batch_npz=batch_npz, prompts=prompts,
+                  vocab=vocab, group_size=G, completion_len=C, prompt_len=list(args.prompt_len),
+                  lr=args.lr, seed=args.seed, reps=args.reps, warmup=args.warmup,
+                  iter_reps=args.iter_reps, iter_warmup=args.iter_warmup, modes=args.modes)
+      load = os.getloadavg()
+      theirs = common.run_peer(python, os.path.join(os.path.dirname(__file__), peer_script),
+                               spec, work, timeout_s=args.peer_timeout)
+      results[peer] = dict(theirs, loadavg=load)
+      results["smjax_after_peer"] = after = _smjax_round(side, args, prompts, bucket, "after")
+      results["speedup"] = {}
+      for mode in args.modes:
+        t = theirs[mode]["median_s"]
+        o = max(ours[mode]["median_s"], after[mode]["median_s"])
+        results["speedup"][mode] = t / o
+        print(f"  {peer:5s} {mode:9s}: {t * 1e3:8.1f} ms  -> smjax is {t / o:.2f}x faster "
+              f"(against smjax's slower round, {o * 1e3:.1f} ms)\n"
+              f"      {peer}: {theirs[mode]['what']}")
+      if "step" in args.modes:
+        # Same weights, batch and advantages, ratio 1 on both sides: the first step's loss and
+        # pre-clip gradient norm must agree (to float32 rounding) if both compute the same update.
+        check = {}
+        for key in ("first_loss", "first_grad_norm"):
+          a, b = ours["step"][key], theirs["step"][key]
+          check[key] = dict(smjax=a, peer=b, rel_diff=abs(a - b) / max(abs(b), 1e-30))
+        results["same_computation_check"] = check
+        print(f"  same computation check, first step: loss {check['first_loss']['smjax']:.7g} "
+              f"(smjax) / {check['first_loss']['peer']:.7g} ({peer}); pre-clip gradient norm "
+              f"{check['first_grad_norm']['smjax']:.7g} / {check['first_grad_norm']['peer']:.7g};"
+              f" relative differences {check['first_loss']['rel_diff']:.1e}, "
+              f"{check['first_grad_norm']['rel_diff']:.1e}")
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(results, f, indent=2)
+  print(f"wrote {args.out}")
+  return results

@@ -1,0 +1,120 @@
+"""Smoke tests of the benchmark scripts: argument parsing, the shared batch, and the JSON they
+write, on tiny sizes and without peer venvs (`--skip-peer`). No timing assertions: benchmarks measure
+speed, tests only check that the scripts run and report consistent records."""
+
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCH)
+
+import _peer_common as common  # pylint: disable=wrong-import-position
+
+
+def _load(name):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_grpo_advantages_hand_values():
+  # Group [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3); group [2, 2, 2, 2]: constant -> 0.
+  adv = common.grpo_advantages(np.array([1, 0, 0, 1, 2, 2, 2, 2], np.float32), 4, eps=0.0)
+  s = 0.5 / np.sqrt(1 / 3)
+  np.testing.assert_allclose(adv, [s, -s, -s, s, 0, 0, 0, 0], rtol=1e-6)
+
+
+def test_text_round_trip_and_reward():
+  ids = [3, 17, 4096, 8]
+  assert common.ids_to_text(ids) == "t3 t17 t4096 t8"
+  assert common.text_to_ids("t3 t17 <eos> t4096 t8") == [3, 17, 2, 4096, 8]
+  assert common.reward_of_ids([3, 4, 6, 0, 0]) == pytest.approx(2 / 3)  # pads ignored
+
+
+def test_step_batch_layout():
+  b = common.make_step_batch(prompts=3, group_size=2, prompt_len=(2, 5), completion_len=6,
+                             vocab=50, seed=1)
+  B, P = b["prompt_BP"].shape
+  assert B == 6 and b["completion_BC"].shape == (6, 6)
+  for r in range(B):
+    n = int(b["prompt_mask_BP"][r].sum())
+    # Left-padded prompts, the same prompt for the G rows of a group.
+    assert (b["prompt_BP"][r, :P - n] == common.PAD_ID).all()
+    assert (b["prompt_BP"][r, P - n:] >= common.FIRST_WORD_ID).all()
+    np.testing.assert_array_equal(b["prompt_BP"][r], b["prompt_BP"][r - r % 2])
+    # Right-padded completions: real tokens first, pad ids exactly where the mask is 0.
+    m = b["completion_mask_BC"][r]
+    assert (np.diff(m) <= 0).all() and m[0] == 1
+    assert ((b["completion_BC"][r] == common.PAD_ID) == (m == 0)).all()
+
+
+def test_sequence_batch_aligns_loss_mask_with_completion_targets():
+  import _peer_smjax  # pylint: disable=import-outside-toplevel
+  b = common.make_step_batch(prompts=2, group_size=2, prompt_len=(3, 6), completion_len=5,
+                             vocab=40, seed=2)
+  sb = _peer_smjax.sequence_batch(b)
+  targets = np.asarray(sb.tokens_BS)[:, 1:]
+  mask = np.asarray(sb.loss_mask_BT)
+  for r in range(4):
+    real = b["completion_BC"][r][b["completion_mask_BC"][r] == 1]
+    np.testing.assert_array_equal(targets[r][mask[r]], real)
+  # Positions count real tokens only (left padding does not shift them).
+  pos = np.asarray(sb.positions_BS)
+  attn = np.asarray(sb.attn_mask_BS)
+  for r in range(4):
+    np.testing.assert_array_equal(pos[r][attn[r]], np.arange(attn[r].sum()))
+
+
+def test_train_mfu_tiny_writes_consistent_json(tmp_path):
+  mfu = _load("train_mfu")
+  out = tmp_path / "mfu.json"
+  res = mfu.main(["--size", "tiny", "--batch", "2", "--seq", "16", "--group-size", "2",
+                  "--reps", "1", "--warmup", "1", "--matmul-size", "128", "--matmul-per-step", "2",
+                  "--out", str(out)])
+  on_disk = json.loads(out.read_text())
+  assert set(on_disk["steps"]) == {"sft", "grpo"}
+  # XLA's cost analysis of a matmul is exactly 2 n^3.
+  assert on_disk["matmul_peak"]["flops"] == 2 * 128 ** 3
+  # Sampled once before the steps and after each of the 2 timed steps.
+  assert len(on_disk["matmul_peak"]["runs_s"]) == 2 * 3
+  for name, rec in on_disk["steps"].items():
+    # The compiled step does at least the analytic forward+backward work (plus loss, optimiser).
+    assert rec["flops"] >= rec["useful_flops"] > 0, name
+    assert rec["finite"] == 1.0 and np.isfinite(rec["loss"])
+    assert rec["fraction_of_peak"] == pytest.approx(
+        rec["flops"] / rec["median_s"] / on_disk["matmul_peak"]["flops_per_s"])
+  assert res["steps"]["sft"]["flops"] == on_disk["steps"]["sft"]["flops"]
+
+
+def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
+  drv = _load("grpo_step_vs_trl")
+  out = tmp_path / "trl.json"
+  drv.main(["--size", "tiny", "--prompts", "2", "--group-size", "2", "--prompt-len", "3", "6",
+            "--completion-len", "4", "--reps", "1", "--warmup", "1", "--iter-reps", "1",
+            "--iter-warmup", "1", "--skip-peer", "--envs-dir", str(tmp_path / "envs"),
+            "--out", str(out)])
+  res = json.loads(out.read_text())
+  assert not (tmp_path / "envs").exists()  # --skip-peer creates no venv
+  assert "trl" not in res and "speedup" not in res
+  step, it = res["smjax"]["step"], res["smjax"]["iteration"]
+  assert step["median_s"] > 0 and it["median_s"] > 0
+  assert step["compiled_flops"] > 0 and np.isfinite(step["first_grad_norm"])
+  assert step["first_grad_norm"] > 0  # rewards in the tiny batch are not all equal
+  assert res["params"] > 0 and res["config"]["size"] == "tiny"
+
+
+def test_tunix_driver_parses_its_arguments():
+  drv = _load("grpo_step_vs_tunix")
+  import _peer_smjax  # pylint: disable=import-outside-toplevel
+  args = _peer_smjax.parse_args("x", "tunix", ["--size", "mid", "--modes", "step"])
+  assert args.out == "bench_results/grpo_step_vs_tunix.json"
+  assert args.modes == ["step"] and args.size == "mid" and not args.skip_peer
+  assert drv.REQUIREMENTS and all("tunix" in r for r in drv.REQUIREMENTS[:1])
+  with pytest.raises(SystemExit):
+    _peer_smjax.parse_args("x", "tunix", ["--size", "huge"])
