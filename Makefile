@@ -42,6 +42,7 @@ test: $(VENV)/.dev sandbox-tools
 bench: $(VENV)/.dev
 	$(BIN)/python -m smjax.kernels.bench --out bench_results/kernels.json
 	$(BIN)/python benchmarks/rollout_vs_hf.py --out bench_results/rollout_vs_hf.json
+	$(BIN)/python benchmarks/train_mfu.py --out bench_results/train_mfu.json
 
 clean:
 	rm -rf $(VENV) runs bench_results .pytest_cache
