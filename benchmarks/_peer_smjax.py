@@ -164,7 +164,7 @@ def parse_args(description: str, peer: str, argv=None):
   ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 32), help="min max")
   ap.add_argument("--completion-len", type=int, default=64)
   ap.add_argument("--reps", type=int, default=5, help="timed steps")
-  ap.add_argument("--warmup", type=int, default=2, help="untimed steps (the first compiles)")
+  ap.add_argument("--warmup", type=int, default=2, help="untimed steps (compiled ahead of time)")
   ap.add_argument("--iter-reps", type=int, default=3, help="timed sampling+update iterations")
   ap.add_argument("--iter-warmup", type=int, default=1)
   ap.add_argument("--modes", nargs="+", default=["step", "iteration"],

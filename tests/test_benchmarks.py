@@ -74,22 +74,24 @@ def test_sequence_batch_aligns_loss_mask_with_completion_targets():
 def test_train_mfu_tiny_writes_consistent_json(tmp_path):
   mfu = _load("train_mfu")
   out = tmp_path / "mfu.json"
+  # The GRPO step only (the SFT one takes the same path with another loss; a compile saved).
   res = mfu.main(["--size", "tiny", "--batch", "2", "--seq", "16", "--group-size", "2",
-                  "--reps", "1", "--warmup", "1", "--matmul-size", "128", "--matmul-per-step", "2",
-                  "--out", str(out)])
+                  "--steps", "grpo", "--reps", "2", "--warmup", "1", "--matmul-size", "128",
+                  "--matmul-per-step", "2", "--out", str(out)])
   on_disk = json.loads(out.read_text())
-  assert set(on_disk["steps"]) == {"sft", "grpo"}
+  assert set(on_disk["steps"]) == {"grpo"}
   # XLA's cost analysis of a matmul is exactly 2 n^3.
   assert on_disk["matmul_peak"]["flops"] == 2 * 128 ** 3
   # Sampled once before the steps and after each of the 2 timed steps.
   assert len(on_disk["matmul_peak"]["runs_s"]) == 2 * 3
+  assert len(on_disk["steps"]["grpo"]["runs_s"]) == 2
   for name, rec in on_disk["steps"].items():
     # The compiled step does at least the analytic forward+backward work (plus loss, optimiser).
     assert rec["flops"] >= rec["useful_flops"] > 0, name
     assert rec["finite"] == 1.0 and np.isfinite(rec["loss"])
     assert rec["fraction_of_peak"] == pytest.approx(
         rec["flops"] / rec["median_s"] / on_disk["matmul_peak"]["flops_per_s"])
-  assert res["steps"]["sft"]["flops"] == on_disk["steps"]["sft"]["flops"]
+  assert res["steps"]["grpo"]["flops"] == on_disk["steps"]["grpo"]["flops"]
 
 
 def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
