@@ -33,8 +33,21 @@ sandbox-tools:
 demo: $(VENV)/.core sandbox-tools
 	$(BIN)/python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=$(DEMO_WORKDIR)
 
+# The full toy study: its seeds run as parallel processes into one workdir (each logs to
+# seed_<s>.log there), then one run over every seed finds their phases finished and writes the report.
+STUDY ?= two_domain,full
+STUDY_WORKDIR ?= runs/study_full
+STUDY_SEEDS ?= 0 1 2
 study: $(VENV)/.core sandbox-tools
-	$(BIN)/python -m smjax.main --config=configs/study.py:two_domain,full --workdir=runs/study_full
+	@mkdir -p $(STUDY_WORKDIR); pids=""; \
+	for s in $(STUDY_SEEDS); do \
+	  $(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --config.progress=False \
+	    --config.seeds="($$s,)" --workdir=$(STUDY_WORKDIR) > $(STUDY_WORKDIR)/seed_$$s.log 2>&1 & \
+	  pids="$$pids $$!"; echo "seed $$s: pid $$! (log $(STUDY_WORKDIR)/seed_$$s.log)"; \
+	done; fail=0; for p in $$pids; do wait $$p || fail=1; done; \
+	if [ $$fail = 1 ]; then echo "a seed failed: see $(STUDY_WORKDIR)/seed_*.log"; exit 1; fi
+	$(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --workdir=$(STUDY_WORKDIR) \
+	  --config.seeds="($(shell echo $(STUDY_SEEDS) | tr ' ' ','),)"
 
 test: $(VENV)/.dev sandbox-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

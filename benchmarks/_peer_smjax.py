@@ -6,8 +6,10 @@ load the same directory) train exactly the same weights.
 
 What is timed here:
 - step: `jit_step(make_grpo_step(...))`, compiled ahead of time (compile time reported apart),
-  on the fixed batch of `_peer_common.make_step_batch` (forward over prompt + completion, GRPO
-  loss from rewards, backward, grad-norm clip, AdamW): median of `reps` calls after `warmup`.
+  on the fixed batch of `_peer_common.make_step_batch` (forward over prompt + completion, the LM
+  head and log-probs on the completion positions only (`GRPOConfig.logits_to_keep`, as TRL's
+  `logits_to_keep`), GRPO loss from rewards, backward, grad-norm clip, AdamW): median of `reps`
+  calls after `warmup`.
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the
   host, `rollout_batch`, and the same compiled step (the fixed batch is padded to the sampler's
   prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
@@ -68,8 +70,11 @@ class Side:
     self.cfg, self.params = hf.load_params(model_dir)
     self.tx = _optimizer(lr)
     model = Transformer(self.cfg)
+    # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
+    # those only; the step makes the loss NaN if a loss-mask token fell outside them.
     grpo_cfg = steps.GRPOConfig(group_size=group_size, advantage_mode="grpo", eps_low=0.2,
-                                eps_high=0.28, beta=0.0, aggregation="token_mean")
+                                eps_high=0.28, beta=0.0, aggregation="token_mean",
+                                logits_to_keep=batch_np["completion_BC"].shape[1])
     step = steps.jit_step(steps.make_grpo_step(model, self.tx, grpo_cfg))
     batch = sequence_batch(batch_np)
     # Behaviour log-probs of the same parameters: ratios start at exactly the on-policy 1, as the
@@ -111,8 +116,9 @@ def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
              gflops_per_s=side.flops / out["median_s"] / 1e9,
              first_loss=float(first_metrics["loss"]),
              first_grad_norm=float(first_metrics["grad_norm"]),
-             what="jit_step(make_grpo_step): forward over prompt+completion, GRPO loss from "
-                  "rewards (token_mean), backward, global-norm clip 1.0, AdamW")
+             what="jit_step(make_grpo_step): forward over prompt+completion, LM head on the "
+                  "completion positions (logits_to_keep), GRPO loss from rewards (token_mean), "
+                  "backward, global-norm clip 1.0, AdamW")
   return out
 
 

@@ -7,9 +7,11 @@ r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, pl
 Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
 seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
 
-Expected runtime on a 2-core CPU: demo ≈ 7-9 min (measured: see README); two_domain,full
-≈ 60-90 min; four_domain,full ≈ 2-3 h (estimated from per-step costs, not yet run end to end). Expected result: see README "The toy study" (numbers measured with these configs,
-whatever they say about the paper's claims).
+Expected runtime on a 2-core CPU (measured 2026-11-30): demo 4 min (idle machine);
+two_domain,full about 55 min through `make study` (three seeds as parallel processes, machine
+shared with other jobs); four_domain,full not yet run (estimate: twice two_domain). Expected
+result: README "The toy study" (numbers measured with these configs, whatever they say about
+the paper's claims: at this scale joint GRPO beats split-then-merge per FLOP).
 """
 
 from smjax.study_config import parse_arg, study_defaults
@@ -38,12 +40,12 @@ def get_config(arg=None):
   else:
     c.seeds = (0, 1, 2)
     c.heldout_size = 256
-    c.experts.steps = 800
+    c.experts.steps = 500
     c.joint.steps = c.experts.steps * n
-    c.mopd.steps = 400
-    c.external.teacher_sft_steps = 1000
-    c.external.steps = 400
-    c.self_teacher.degrade_steps = 400
-    c.self_teacher.recover_steps = 300
-    c.eval.points = 16
+    c.mopd.steps = 250
+    c.external.teacher_sft_steps = 300
+    c.external.steps = 250
+    c.self_teacher.degrade_steps = 300
+    c.self_teacher.recover_steps = 200
+    c.eval.points = 12
   return c

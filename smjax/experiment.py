@@ -43,7 +43,7 @@ from smjax.models.transformer import Transformer, init_params, param_logical_axe
 from smjax.report import ArmResult, build_report, format_table, write_report
 from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
-from smjax.study_config import RUN_NEUTRAL_FIELDS, validate
+from smjax.study_config import phase_independent_fields, validate
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
@@ -102,10 +102,18 @@ class SeedContext:
       self.tokenizer = CharTokenizer()
       self.model_cfg = get_preset(m.preset, param_dtype=m.param_dtype, dtype=m.dtype,
                                   **({"max_seq_len": m.max_seq_len} if m.max_seq_len else {}))
+    if self.tokenizer.vocab_size > self.model_cfg.vocab_size:
+      raise ValueError(
+          f"config.model: the tokenizer has {self.tokenizer.vocab_size} ids but the model's "
+          f"vocab_size={self.model_cfg.vocab_size} ({m.hf_path or m.preset}): ids past the "
+          "embedding would be silently clamped; the tokenizer.json and config.json must come "
+          "from the same model")
     self.model = Transformer(self.model_cfg)
     mesh = sharding.mesh_from_config(config.mesh)
     self.mesh = mesh if mesh.size > 1 else None
-    self.domains = {d: domains_lib.get_domain(d, difficulty=config.difficulty)
+    # `difficulty` is a knob of the toy domains only; file and reasoning-gym domains take none.
+    self.domains = {d: domains_lib.get_domain(d, **({"difficulty": config.difficulty}
+                                                    if d in domains_lib.TOY_DOMAINS else {}))
                     for d in config.domains}
     # The held-out split is disjoint from training by construction (smjax.domains); its seed is
     # fixed per study seed so every arm is scored on the same examples.
@@ -125,7 +133,10 @@ class SeedContext:
     grpo_cfg = steps_lib.GRPOConfig(
         group_size=rl.samples_per_prompt, advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
         eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
-        aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
+        aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl,
+        # Completions are the last max_new_tokens targets (the sampler pads to that width): the
+        # LM head never runs on prompt positions, whose logits no loss reads.
+        logits_to_keep=rl.max_new_tokens)
     self.grpo_step = steps_lib.jit_step(steps_lib.make_grpo_step(
         self.model, self.rl_tx, grpo_cfg, lr_schedule=state_lib.learning_rate_schedule(self.rl_opt),
         mesh=self.mesh))
@@ -134,7 +145,8 @@ class SeedContext:
     self.opd_tx = state_lib.make_optimizer(self.opd_opt)
     self.opd_cfg = steps_lib.OPDConfig(objective=o.objective, eps_low=o.eps_low,
                                        eps_high=o.eps_high, top_k=o.top_k,
-                                       micro_batches=o.micro_batches, impl=o.impl)
+                                       micro_batches=o.micro_batches, impl=o.impl,
+                                       logits_to_keep=rl.max_new_tokens)
     self.opd_step = steps_lib.jit_step(steps_lib.make_opd_step(self.model, self.opd_tx,
                                                                self.opd_cfg, mesh=self.mesh))
     self.ref_fn = jax.jit(steps_lib.make_logprob_fn(self.model)) if rl.beta else None
@@ -214,6 +226,14 @@ def _load_done(ctx: SeedContext, phase: str, template_params) -> PhaseOutput | N
     return None
   with open(path) as f:
     res = json.load(f)
+  diff = ("config" in res and
+          ckpt_lib.config_diff(res["config"], ctx.config.to_dict(),
+                               phase_independent_fields(phase)))
+  if diff:
+    raise ckpt_lib.ConfigMismatchError(
+        f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
+        "studies. Differing fields (finished -> now):\n  " + "\n  ".join(diff) +
+        "\nUse a fresh --workdir, or delete that phase directory to rerun it.")
   mgr = ckpt_lib.Checkpointer(os.path.join(_phase_dir(ctx, phase), "final"), max_to_keep=1,
                               keep_best=False, async_save=False)
   restored = mgr.restore_latest({"params": template_params})
@@ -235,7 +255,8 @@ def _save_done(ctx: SeedContext, phase: str, out: PhaseOutput) -> PhaseOutput:
   mgr.close()
   tmp = os.path.join(d, "result.json.tmp")
   with open(tmp, "w") as f:
-    json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra}, f)
+    json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,
+               "config": ctx.config.to_dict()}, f)
   os.replace(tmp, os.path.join(d, "result.json"))
   return out
 
@@ -254,7 +275,8 @@ def run_phase(ctx: SeedContext, phase: str, template_params, fn: Callable[[], Ph
 def _checkpointer(ctx: SeedContext, phase: str) -> ckpt_lib.Checkpointer:
   return ckpt_lib.Checkpointer(os.path.join(_phase_dir(ctx, phase), "checkpoints"),
                                max_to_keep=2, keep_best=False, async_save=True,
-                               config=ctx.config.to_dict(), ignore_fields=RUN_NEUTRAL_FIELDS)
+                               config=ctx.config.to_dict(),
+                               ignore_fields=phase_independent_fields(phase))
 
 
 def _get_path(tree, path):
@@ -271,7 +293,8 @@ def phase_base(ctx: SeedContext) -> PhaseOutput:
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=b.learning_rate, warmup_steps=b.warmup_steps,
-                                    total_steps=max(b.steps, 1), schedule="cosine")
+                                    total_steps=max(b.schedule_steps or b.steps, 1),
+                                    schedule="cosine")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(ctx.model, tx))
     state = state_lib.create_sharded_state(ctx.initial_params(), tx)
@@ -409,13 +432,15 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]
   if "experts" in phases or "mopd" in phases:
     experts = {}
     for i, d in enumerate(config.domains):
-      experts[d] = _rl_phase(ctx, f"expert_{d}", algo="grpo", init_params_=base.params,
-                             domains=[d], steps=config.experts.steps, stream_seed=20 + i)
-      arms.append(ArmResult(f"expert_{d}", seed, experts[d].curve, train(experts[d]),
-                            note=f"GRPO on {d} only"))
+      experts[d] = _rl_phase(ctx, f"expert_{domains_lib.domain_label(d)}", algo="grpo",
+                             init_params_=base.params, domains=[d],
+                             steps=config.experts.steps, stream_seed=20 + i)
+      arms.append(ArmResult(f"expert_{domains_lib.domain_label(d)}", seed, experts[d].curve,
+                            train(experts[d]), note=f"GRPO on {d} only"))
     if "mopd" in phases:
       expert_flops = sum(sum(train(x).values()) for x in experts.values())
-      teachers = [Teacher(f"expert_{d}", ctx.model_cfg, x.params, (d,))
+      teachers = [Teacher(f"expert_{domains_lib.domain_label(d)}", ctx.model_cfg, x.params,
+                          (d,))
                   for d, x in experts.items()]
       router = TeacherRouter(ctx.model_cfg, teachers,
                              want_logits=config.opd.objective != "sampled")

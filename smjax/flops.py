@@ -69,7 +69,11 @@ def _signature(args, kwargs) -> tuple:
 
 def _abstract(x):
   if hasattr(x, "shape") and hasattr(x, "dtype"):
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+    # An uncommitted array (jax.random.key(0), a fresh jnp constant) follows the other arguments
+    # to their devices when called; keeping its default-device sharding here would make the
+    # lowering fail next to mesh-sharded arguments ("incompatible devices").
+    sharding = getattr(x, "sharding", None) if getattr(x, "committed", True) else None
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
   return x
 
 

@@ -36,8 +36,8 @@ class ArmResult:
   expert_flops: float = 0.0            # split-then-merge: FLOPs of the experts (in the totals)
   distill_flops: float = 0.0           # split-then-merge / OPD arms: FLOPs of the distillation
   note: str = ""
-  group: str = "main"                  # "main" arms share the matched target; "recovery" arms
-  target: float | None = None          # (self-teacher study) carry their own target
+  group: str = "main"                  # "main" arms share each seed's matched target;
+  target: float | None = None          # "recovery" arms (self-teacher study) carry their own
 
   @property
   def total_flops(self) -> float:
@@ -64,31 +64,44 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
                  target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo") -> dict:
   """The report dict.
 
-  `target` (main arms) defaults to target_fraction x the reference arm's final mean held-out
-  accuracy averaged over seeds (or over all main arms without a reference arm). Recovery arms
-  use their own `target`, and their savings are against `recover_grpo` when present.
+  `target` (main arms), when not given, is set per seed: the base's final mean held-out accuracy
+  plus target_fraction of the reference arm's gain over it (without a base arm: target_fraction
+  x the reference's final accuracy; without a reference arm: the mean over all main arms). Seeds
+  start from very different bases, so one shared target would be met before training on some
+  seeds and never on others. Recovery arms use their own per-run `target`, and their savings are
+  against `recover_grpo` when present.
   """
   by_arm: dict[str, list[ArmResult]] = {}
   for a in arms:
     by_arm.setdefault(a.arm, []).append(a)
   main = [a for a in arms if a.group == "main" and a.curve and a.flops_by_phase]
+  by_seed: dict[int, float] = {}
   if target is None:
     pool = by_arm.get(reference_arm, []) if reference_arm else main
-    if not pool:
+    if not pool and reference_arm:
       raise ValueError(f"build_report: no target given and no {reference_arm!r} arm among "
                        f"{sorted(by_arm)}")
-    target = target_fraction * float(np.mean([a.final["mean"] for a in pool]))
-  out = {"target_accuracy": target, "reference_arm": reference_arm, "arms": {}}
+    bases = {a.seed: a.final["mean"] for a in by_arm.get("base", []) if a.curve}
+    for seed in sorted({a.seed for a in pool}):
+      final = float(np.mean([a.final["mean"] for a in pool if a.seed == seed]))
+      b = bases.get(seed)
+      by_seed[seed] = (target_fraction * final if b is None
+                       else b + target_fraction * (final - b))
+    # No trained arm at all (e.g. phases=('base',)): the report has no matched-accuracy target.
+    target = float(np.mean(list(by_seed.values()))) if by_seed else None
+  out = {"target_accuracy": target, "target_by_seed": by_seed, "reference_arm": reference_arm,
+         "arms": {}}
   for name, runs in by_arm.items():
     group = runs[0].group
     ref_name = reference_arm if group == "main" else "recover_grpo"
-    tgt = target if group == "main" else runs[0].target
+    tgt_of = {r.seed: (by_seed.get(r.seed, target) if group == "main" else r.target)
+              for r in runs}
     ref_runs = {a.seed: a for a in by_arm.get(ref_name, [])}
-    reach = [flops_to_reach(_curve_xy(r.curve), tgt) if tgt is not None and r.flops_by_phase
-             else None for r in runs]
+    reach = [flops_to_reach(_curve_xy(r.curve), tgt_of[r.seed])
+             if tgt_of[r.seed] is not None and r.flops_by_phase else None for r in runs]
 
     def ref_reach(seed):
-      ref = ref_runs.get(seed)
+      ref, tgt = ref_runs.get(seed), tgt_of.get(seed)
       return None if ref is None or tgt is None else flops_to_reach(_curve_xy(ref.curve), tgt)
 
     saving_total = [1 - r.total_flops / ref_runs[r.seed].total_flops
@@ -100,7 +113,8 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
     domains = sorted({d for r in runs for d in r.final["accuracy"]})
     out["arms"][name] = {
         "group": group,
-        "target_accuracy": tgt,
+        "target_accuracy": (float(np.mean([t for t in tgt_of.values() if t is not None]))
+                            if any(t is not None for t in tgt_of.values()) else None),
         "reference": ref_name if ref_runs else None,
         "seeds": [r.seed for r in runs],
         "accuracy": {d: _mean_std([r.final["accuracy"].get(d) for r in runs]) for d in domains},
@@ -131,12 +145,13 @@ def _fmt(ms: dict, scale: float = 1.0, pct: bool = False) -> str:
 
 
 def format_table(report: dict) -> str:
-  """Plain-text tables: the main arms (shared matched target), then the recovery arms."""
+  """Plain-text tables: the main arms (matched targets per seed), then the recovery arms."""
   cols = ["arm", "heldout acc", "per domain", "train FLOPs", "FLOPs to target", "saving@target",
           "saving total", "distill/experts", "resp len"]
   out = []
-  for group, title in (("main", "Arms (matched target {t}; savings vs {r})"),
-                       ("recovery", "Self-teacher recovery (target {t}; savings vs {r})")):
+  for group, title in (("main", "Arms (matched target {t}, mean over seeds; savings vs {r})"),
+                       ("recovery", "Self-teacher recovery (target {t}, mean over seeds; "
+                                    "savings vs {r})")):
     arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
     if not arms:
       continue
@@ -149,10 +164,10 @@ def format_table(report: dict) -> str:
         reach_s = "-"
       elif reach["mean"] is None:
         reach_s = "never reached"
-      elif reach["mean"] == 0:
-        reach_s = "0 (starts above target)"
       else:
-        reach_s = _fmt(reach) + (f" ({reach['missing']} seed(s) never)" if reach["missing"] else "")
+        reach_s = "0 (starts above target)" if reach["mean"] == 0 else _fmt(reach)
+        if reach["missing"]:
+          reach_s += f" ({reach['missing']} seed(s) never)"
       rows.append([name, _fmt(a["accuracy_mean"], pct=True), per,
                    _fmt(a["flops_total"]) if trained else "- (not charged)", reach_s,
                    _fmt(a["saving_vs_reference_at_target"], pct=True),
@@ -161,7 +176,8 @@ def format_table(report: dict) -> str:
                    _fmt(a["response_length"])])
     widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
-    tgt = next(iter(arms.values()))["target_accuracy"]
+    tgt = next((a["target_accuracy"] for a in arms.values() if a["target_accuracy"] is not None),
+               None)
     ref = next((a["reference"] for a in arms.values() if a["reference"]), None)
     out.append(title.format(t="-" if tgt is None else f"{100 * tgt:.1f}%", r=ref or "-"))
     out += [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
@@ -194,30 +210,43 @@ def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[
         w.writerow([name, metric, v["mean"], v["std"], v["n"]])
   with open(paths["table"], "w") as f:
     f.write(format_table(report) + "\n")
-  plot_curves(arms, report["target_accuracy"], paths["plot"])
+  plot_curves(arms, report.get("target_by_seed") or report["target_accuracy"], paths["plot"])
   return paths
 
 
-def plot_curves(arms: Sequence[ArmResult], target: float, path: str) -> None:
-  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed."""
+def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: str) -> None:
+  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed; the
+  recovery arms (self-teacher study, scored on the recovered domain only) in a second panel.
+  `targets`: the matched target per seed ({seed: accuracy}) or one shared value."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, ax = plt.subplots(figsize=(8, 5))
+  groups = [g for g in ("main", "recovery") if any(a.group == g and a.curve for a in arms)]
+  fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(8 * max(len(groups), 1), 5),
+                           squeeze=False)
   colors: dict[str, str] = {}
-  for a in arms:
-    if not a.curve:
-      continue
-    first = a.arm not in colors
-    c = colors.setdefault(a.arm, f"C{len(colors)}")
-    ax.plot([p["flops"] for p in a.curve], [100 * p["mean"] for p in a.curve], "-o", color=c,
-            ms=3, alpha=0.9, label=a.arm if first else None)
-  ax.axhline(100 * target, color="gray", ls="--", lw=1, label=f"target {100 * target:.1f}%")
-  ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)")
-  ax.set_ylabel("held-out accuracy, mean over domains (%)")
-  ax.set_title("Held-out accuracy vs training FLOPs")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
+  for ax, group in zip(axes[0], groups):
+    labelled = set()
+    for a in arms:
+      if a.group != group or not a.curve:
+        continue
+      c = colors.setdefault(a.arm, f"C{len(colors) % 10}")
+      ax.plot([p["flops"] for p in a.curve], [100 * p["mean"] for p in a.curve], "-o", color=c,
+              ms=3, alpha=0.9, label=None if a.arm in labelled else a.arm)
+      labelled.add(a.arm)
+    if group == "main" and targets is not None:
+      values = sorted(set(targets.values())) if isinstance(targets, dict) else [targets]
+      for i, t in enumerate(values):
+        ax.axhline(100 * t, color="gray", ls=":", lw=1,
+                   label=("matched target" + (" per seed" if len(values) > 1 else ""))
+                   if i == 0 else None)
+    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)")
+    ax.set_ylabel("held-out accuracy (%), " + ("mean over domains" if group == "main"
+                                              else "recovered domain"))
+    ax.set_title("Held-out accuracy vs training FLOPs" if group == "main"
+                 else "Self-teacher recovery")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -14,8 +14,37 @@ import ml_collections as mlc
 
 PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # Fields that do not change what a run computes: a resumed run may differ in these.
+# `seeds` and `phases` choose which phases run, not what a phase computes: seeds of one study may
+# run as separate processes into one workdir (see README), then one run with every seed reports.
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report",
-                      "eval.batch_size")
+                      "eval.batch_size", "seeds", "phases")
+
+
+# Config sections a phase's result does not depend on (besides RUN_NEUTRAL_FIELDS): a finished
+# phase is reused when only these differ, so e.g. lengthening MOPD reuses the base and the experts.
+_LATER = ("joint", "experts", "mopd", "external", "self_teacher")
+# Every RL field but rl.max_new_tokens, which also sets the evaluation sampler's length.
+_RL_TRAINING = tuple(f"rl.{k}" for k in (
+    "prompts_per_step", "samples_per_prompt", "temperature", "learning_rate", "warmup_steps",
+    "clip_norm", "advantage_mode", "eps_low", "eps_high", "beta", "kl_estimator", "aggregation",
+    "micro_batches", "impl"))
+PHASE_INDEPENDENT_FIELDS = {
+    "base": _LATER + _RL_TRAINING + ("opd",),
+    "joint_grpo": ("experts", "mopd", "external", "self_teacher", "opd"),
+    "expert_": ("joint", "mopd", "external", "self_teacher", "opd"),
+    "mopd": ("joint", "external", "self_teacher"),
+    "external_teacher": ("joint", "experts", "mopd", "self_teacher", "opd", "external.steps")
+                        + _RL_TRAINING,
+    "external_opd": ("joint", "experts", "mopd", "self_teacher"),
+}
+
+
+def phase_independent_fields(phase: str) -> tuple[str, ...]:
+  """RUN_NEUTRAL_FIELDS plus the sections `phase` (a phase directory name) does not read."""
+  for prefix, fields in PHASE_INDEPENDENT_FIELDS.items():
+    if phase == prefix or (prefix.endswith("_") and phase.startswith(prefix)):
+      return RUN_NEUTRAL_FIELDS + fields
+  return RUN_NEUTRAL_FIELDS
 
 
 def study_defaults() -> mlc.ConfigDict:
@@ -39,10 +68,16 @@ def study_defaults() -> mlc.ConfigDict:
   c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
   # seq_len fits BOS + the longest toy prompt (24) + solution (10) + EOS; rows are left-padded.
-  # Calibration (2-core CPU, 2026-11-30): held-out accuracy jumps late in SFT (batch 128: 600
-  # steps -> math 9% code 16%; 800 -> 94% / 23%; 1000 -> 84% / 62%); 800 leaves code partial.
-  c.base = mlc.ConfigDict(dict(steps=800, batch_size=128, learning_rate=3e-3, warmup_steps=20,
-                               seq_len=36))
+  # The learning rate follows a cosine over `schedule_steps` (0: over `steps`); stopping before
+  # its end leaves the base mid-way, with partial accuracy: RL sharpens a partly-right model, it
+  # does not rescue a hopeless one or improve a saturated one.
+  # Calibration (2-core CPU, 2026-11-30, seed 0, greedy held-out math / code): held-out accuracy
+  # jumps late and in a seed-dependent order. Cosine over 1000: step 600 -> 9% / 25%, 700 ->
+  # 11% / 41%, 750 -> 15% / 48%, 1000 -> 21% / 76%; cosine over 800, step 800 -> 94% / 23%.
+  # GRPO (lr 1e-4, 16 x 8) from a partial base: math 37% -> 55%, code 41% -> 56% in 600 steps,
+  # while the other domain decays; from a saturated domain (94%) it only loses accuracy.
+  c.base = mlc.ConfigDict(dict(steps=750, schedule_steps=1000, batch_size=128,
+                               learning_rate=3e-3, warmup_steps=20, seq_len=36))
 
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   c.rl = mlc.ConfigDict(dict(
@@ -54,8 +89,11 @@ def study_defaults() -> mlc.ConfigDict:
   c.experts = mlc.ConfigDict(dict(steps=600))
 
   # Shared by every OPD phase (MOPD, external-teacher OPD, self-teacher recovery).
+  # full_vocab: the exact per-token reverse KL (cheap at the char vocabulary's V=128); on toy math it
+  # recovered 95% of a GRPO expert's gain in 100 steps where the sampled estimator's held-out
+  # accuracy swung between 48% and 57% (tests/test_learning.py, 2026-11-30).
   c.opd = mlc.ConfigDict(dict(
-      objective="sampled", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
+      objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto"))
   c.mopd = mlc.ConfigDict(dict(steps=300))
 
@@ -81,9 +119,17 @@ def validate(c: mlc.ConfigDict) -> None:
     raise ValueError("config.seeds is empty; give at least one seed")
   if len(set(c.domains)) != len(c.domains) or not c.domains:
     raise ValueError(f"config.domains={list(c.domains)} must be a non-empty list without repeats")
+  from smjax.domains import domain_label  # pylint: disable=import-outside-toplevel
+  labels = [domain_label(d) for d in c.domains]
+  if len(set(labels)) != len(labels):
+    raise ValueError(f"config.domains={list(c.domains)}: two domains share the short name used "
+                     f"for arms and directories ({labels}); rename one data file")
   if c.base.steps < 0 or (c.base.steps == 0 and not c.model.hf_path):
     raise ValueError(f"config.base.steps={c.base.steps}: a toy base needs >= 1 SFT step (0 is "
                      "allowed only with model.hf_path, whose weights are then the base)")
+  if c.base.schedule_steps and c.base.schedule_steps < c.base.steps:
+    raise ValueError(f"config.base.schedule_steps={c.base.schedule_steps} must be 0 (the cosine "
+                     f"ends at base.steps) or >= config.base.steps={c.base.steps}")
   for field in ("joint.steps", "experts.steps", "mopd.steps", "external.steps",
                 "rl.prompts_per_step", "rl.samples_per_prompt", "rl.max_new_tokens",
                 "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size"):

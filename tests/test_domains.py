@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
-from smjax.domains import get_domain, known_domains
+from smjax.domains import domain_label, get_domain, known_domains
 from smjax.models.tokenizer import CharTokenizer
 from smjax.rewards.sandbox import SandboxPool
 from smjax.rewards.verify import verify_batch
@@ -254,3 +254,11 @@ def test_code_runs_each_distinct_candidate_once(pool):
   comps = [e.solution] * 5 + ["x+1"] * 2 + [str(e.reference["outputs"][0]), "(", ""]
   assert dom.verify_many([e] * 10, comps, pool=counting) == [1.0] * 5 + [0.0] * 5
   assert sorted(j.program for j in counting.jobs) == sorted([e.solution, "x+1"])
+
+
+def test_domain_labels_are_flat_names():
+  assert domain_label("math") == "math"
+  assert domain_label("jsonl_math:/data/sets/gsm8k.jsonl.gz") == "jsonl_math_gsm8k"
+  assert domain_label("jsonl_code:/x/humaneval.parquet") == "jsonl_code_humaneval"
+  assert domain_label("rg:basic arithmetic") == "rg_basic_arithmetic"
+  assert "/" not in domain_label("jsonl_math:/a/b/") and ":" not in domain_label("rg:x")

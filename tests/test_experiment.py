@@ -6,6 +6,7 @@ persistent compilation cache so that each run after the first compiles little.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,6 +123,34 @@ def test_finished_phases_are_not_run_again(study, cache):
   assert r.returncode == 0, r.stderr[-2000:]
   assert os.path.getmtime(os.path.join(wd, "seed_0", "mopd", "result.json")) == before
   assert "split_merge" in r.stdout
+
+
+def test_finished_phase_with_another_config_is_refused(study, cache):
+  wd, _ = study
+  before = os.path.getmtime(os.path.join(wd, "seed_0", "base", "result.json"))
+  r = _main(MINI + ["--config.rl.learning_rate=0.5"], wd, cache, timeout=300)
+  assert r.returncode != 0
+  assert "finished under a different config" in r.stderr and "rl.learning_rate" in r.stderr
+  assert os.path.getmtime(os.path.join(wd, "seed_0", "base", "result.json")) == before
+
+
+def test_changing_a_later_phase_reuses_the_phases_it_does_not_touch(study, cache):
+  wd, _ = study
+  mtime = lambda p: os.path.getmtime(os.path.join(wd, "seed_0", p, "result.json"))  # noqa: E731
+  kept = ["base", "joint_grpo", "expert_math", "expert_code", "mopd", "external_teacher"]
+  # Runs after the tests above that rerun MINI unchanged (it leaves external_opd at 3 steps).
+  before = {p: mtime(p) for p in kept + ["external_opd"]}
+  args = [a for a in MINI if not a.startswith("--config.external.steps")] + [
+      "--config.external.steps=3"]
+  r = _main(args, wd, cache, timeout=600)   # external_opd finished with 4 steps: refused
+  assert r.returncode != 0 and "external.steps: 4 -> 3" in r.stderr, r.stderr[-2000:]
+  shutil.rmtree(os.path.join(wd, "seed_0", "external_opd"))
+  r = _main(args, wd, cache, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert all(mtime(p) == before[p] for p in kept)
+  assert mtime("external_opd") > before["external_opd"]
+  assert _result(wd, "external_opd")["config"]["external"]["steps"] == 3
+  assert len(_result(wd, "external_opd")["curve"]) >= 2
 
 
 def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):

@@ -1,91 +1,114 @@
-"""Learning tests of the GRPO and OPD machinery (fixed seeds, bounded steps).
+"""Learning tests of GRPO and OPD on a real toy domain (fixed seeds, bounded steps).
 
-The target behaviour is deliberately simple — "the completion starts with the digit 7", rewarded by
-a verifier — so that a randomly initialised toy model can learn it in tens of steps on a CPU:
-GRPO must raise its held-out reward from ~0 to a stated margin, then OPD from that GRPO-improved
-expert into a fresh student must recover most of the expert's held-out accuracy. (On the real toy
-domains the study's short RL runs do not yet improve held-out accuracy; see README.)
+Toy `math` at difficulty 0 (single-digit a+b, scored numerically by the domain's verifier; the
+held-out operand pairs are never trained on). A tiny char model is weakly warmed up with 60 SFT
+steps (~40% held-out greedy pass@1 on this CPU). Then:
+- GRPO (150 steps, 16 prompts x 8) must raise held-out accuracy by at least 10 points
+  (measured 2026-11-30: 41% -> 60%);
+- full-vocabulary OPD (100 steps) from that GRPO expert into the warmed-up base student must
+  recover at least half of the expert's gain over the base (measured: 41% -> 59%, 95% of it), and
+  its teacher FLOPs must be counted.
+The margins are the measured gains with room for run-to-run differences between CPUs.
 """
+
+import itertools
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 from smjax.domains import get_domain
+from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.tokenizer import CharTokenizer
 from smjax.models.transformer import Transformer, init_params
+from smjax.rewards.verify import verify_batch
 from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
-from smjax.train.loop import RLLoopConfig, RLRun
+from smjax.train.loop import RLLoopConfig, RLRun, run_sft
 
 TOK = CharTokenizer()
 CFG = get_preset("toy-tiny")
 MODEL = Transformer(CFG)
-MATH = get_domain("math")
+MATH = get_domain("math", difficulty=0)
+MAX_NEW = 5
 
 
-def starts_with_7(rows, texts):
-  return [float(t.startswith("7")) for t in texts]
+def verify(rows, texts):
+  return verify_batch(rows, texts, domains={"math": MATH})
 
 
-def _prompts(seed):
-  i = 0
-  while True:
-    yield MATH.generate("train", 16, seed=seed * 100_000 + i)
-    i += 1
+def _stream(seed, n):
+  for i in itertools.count():
+    yield MATH.generate("train", n, seed=seed * 100_000 + i)
 
 
 @pytest.fixture(scope="module")
 def setup():
-  sampler = Sampler(CFG, max_new_tokens=4, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
-  heldout = {"math": MATH.generate("test", 64, seed=3)}
-  evaluator = Evaluator(sampler, TOK, heldout, starts_with_7, batch_size=64)
+  sampler = Sampler(CFG, max_new_tokens=MAX_NEW, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  evaluator = Evaluator(sampler, TOK, {"math": MATH.generate("test", 128, seed=3)}, verify,
+                        batch_size=128)
   return sampler, evaluator
 
 
-def _run(algo, params, sampler, evaluator, steps, lr, router=None):
-  tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=lr))
+@pytest.fixture(scope="module")
+def base(setup):
+  """The weakly warmed-up student: 60 SFT steps on gold solutions."""
+  _, evaluator = setup
+  tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=3e-3, warmup_steps=10))
+  step = steps_lib.jit_step(steps_lib.make_sft_step(MODEL, tx))
+  state = state_lib.create_state(init_params(CFG, jax.random.key(0)), tx)
+  state, _ = run_sft(phase="base/sft", state=state, step=step, examples_iter=_stream(1, 64),
+                     tokenizer=TOK, seq_len=16, num_steps=60, ledger=FlopLedger(), progress=False)
+  acc, _, _ = evaluator(state.params)
+  return state.params, acc["math"]
+
+
+def _run(algo, params, sampler, evaluator, *, steps, router=None):
+  tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=3e-4))
   if algo == "grpo":
     step = steps_lib.jit_step(steps_lib.make_grpo_step(
         MODEL, tx, steps_lib.GRPOConfig(group_size=8, impl="xla")))
   else:
     step = steps_lib.jit_step(steps_lib.make_opd_step(
-        MODEL, tx, steps_lib.OPDConfig(objective="sampled", impl="xla")))
+        MODEL, tx, steps_lib.OPDConfig(objective="full_vocab", impl="xla")))
   loop = RLLoopConfig(steps=steps, prompts_per_step=16, samples_per_prompt=8 if algo == "grpo" else 4,
-                      max_new_tokens=4, eval_every_steps=steps, progress=False, seed=1)
+                      max_new_tokens=MAX_NEW, eval_every_steps=steps, progress=False,
+                      seed=1 if algo == "grpo" else 2)
   run = RLRun(name=algo, algo=algo, loop=loop, step=step, sampler=sampler, tokenizer=TOK,
-              prompts_iter=_prompts(7 if algo == "grpo" else 8), verify=starts_with_7,
+              prompts_iter=_stream(7 if algo == "grpo" else 8, 16), verify=verify,
               evaluator=evaluator, router=router)
-  state = state_lib.create_state(jax.tree.map(jnp.copy, params), tx)
-  return run.run(state)
+  return run.run(state_lib.create_state(jax.tree.map(jnp.copy, params), tx))
 
 
 @pytest.fixture(scope="module")
-def expert(setup):
+def expert(setup, base):
   sampler, evaluator = setup
-  base = init_params(CFG, jax.random.key(0))
-  return base, _run("grpo", base, sampler, evaluator, steps=60, lr=3e-3)
+  return _run("grpo", base[0], sampler, evaluator, steps=150)
 
 
-def test_grpo_raises_heldout_reward(expert):
-  _, result = expert
-  before, after = result.curve[0]["mean"], result.curve[-1]["mean"]
-  assert before < 0.1, before
-  assert after >= 0.8, (before, after)  # the margin this test states: from < 10 % to >= 80 %
-  assert result.ledger.by_phase()["train/policy"] > 0
+def test_grpo_raises_heldout_accuracy_on_toy_math(base, expert):
+  base_acc = base[1]
+  before, after = expert.curve[0]["mean"], expert.curve[-1]["mean"]
+  assert before == base_acc
+  assert 0.1 <= before <= 0.7, f"the warmed-up base should be partly right, got {before}"
+  assert after >= before + 0.10, (before, after)
+  assert expert.ledger.by_phase()["train/policy"] > 0
 
 
-def test_opd_from_grpo_expert_recovers_most_of_its_accuracy(setup, expert):
+def test_opd_from_grpo_expert_recovers_most_of_its_gain(setup, base, expert):
   sampler, evaluator = setup
-  base, grpo_result = expert
-  teacher_acc = grpo_result.curve[-1]["mean"]
-  student = init_params(CFG, jax.random.key(1))
-  router = TeacherRouter(CFG, [Teacher("expert", CFG, grpo_result.state.params, ("math",))])
-  result = _run("opd", student, sampler, evaluator, steps=60, lr=3e-3, router=router)
-  before, after = result.curve[0]["mean"], result.curve[-1]["mean"]
-  assert before < 0.1 and after >= 0.8 * teacher_acc, (before, after, teacher_acc)
-  assert result.ledger.by_phase()["train/teacher"] > 0
+  params, base_acc = base
+  teacher_acc = expert.curve[-1]["mean"]
+  router = TeacherRouter(CFG, [Teacher("expert", CFG, expert.state.params, ("math",))],
+                         want_logits=True)
+  result = _run("opd", params, sampler, evaluator, steps=100, router=router)
+  after = result.curve[-1]["mean"]
+  gain = teacher_acc - base_acc
+  assert gain >= 0.10, (base_acc, teacher_acc)
+  assert after - base_acc >= 0.5 * gain, (base_acc, after, teacher_acc)
+  phases = result.ledger.by_phase()
+  assert phases["train/teacher"] > 0 and phases["train/policy"] > 0

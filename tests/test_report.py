@@ -79,3 +79,28 @@ def test_files_are_written(tmp_path):
 def test_missing_reference_is_an_error():
   with pytest.raises(ValueError, match="no 'joint_grpo' arm"):
     build_report(_arms()[1:])
+
+
+def test_base_only_study_reports_without_a_target(tmp_path):
+  base = ArmResult("base", 0, _curve([(0, .3, .1)]), {})
+  rep = build_report([base], reference_arm=None)
+  assert rep["target_accuracy"] is None
+  assert rep["arms"]["base"]["accuracy_mean"]["mean"] == pytest.approx(0.2)
+  assert "matched target -," in format_table(rep)
+  paths = write_report(rep, [base], str(tmp_path))
+  assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
+
+
+def test_target_is_per_seed_base_plus_fraction_of_reference_gain():
+  arms = [ArmResult("base", 0, _curve([(0, .2, .2)]), {}),
+          ArmResult("base", 1, _curve([(0, .5, .5)]), {}),
+          ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (100, .4, .4), (200, .6, .6)]),
+                    {"train/policy": 200.0}),
+          ArmResult("joint_grpo", 1, _curve([(0, .5, .5), (100, .7, .7)]), {"train/policy": 100.0})]
+  rep = build_report(arms, target_fraction=0.9)
+  # seed 0: 0.2 + 0.9 x (0.6 - 0.2) = 0.56, reached at 100 + 100 x 0.16 / 0.2 = 180;
+  # seed 1: 0.5 + 0.9 x (0.7 - 0.5) = 0.68, reached at 100 x 0.18 / 0.2 = 90.
+  assert rep["target_by_seed"] == {0: pytest.approx(0.56), 1: pytest.approx(0.68)}
+  assert rep["target_accuracy"] == pytest.approx(0.62)
+  assert rep["arms"]["joint_grpo"]["flops_to_target"]["mean"] == pytest.approx(135.0)
+  assert rep["arms"]["joint_grpo"]["reached_target"] == [True, True]

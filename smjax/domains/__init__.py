@@ -10,6 +10,8 @@ Names understood by `get_domain(name, **kwargs)`:
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Any, Callable
 
 from smjax.domains.base import SPLITS, Domain, Example, ToyDomain
@@ -27,6 +29,19 @@ def _toy(name: str) -> Callable[..., Domain]:
            "logic": toy_logic.LogicDomain, "strings": toy_strings.StringsDomain}[name]
     return cls(**kwargs)
   return make
+
+
+def domain_label(domain: str) -> str:
+  """A short name for arm and directory names: `jsonl_math:/data/gsm8k.jsonl` -> `jsonl_math_gsm8k`
+  (a data file's path must not become nested directories under the work dir)."""
+  kind, sep, where = domain.partition(":")
+  if sep:
+    stem = os.path.basename(where.rstrip("/"))
+    while os.path.splitext(stem)[1] in (".gz", ".jsonl", ".json", ".parquet"):
+      stem = os.path.splitext(stem)[0]
+    stem = stem or "data"
+    domain = f"{kind}_{stem}"
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", domain)
 
 
 def known_domains() -> list[str]:

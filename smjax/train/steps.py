@@ -11,10 +11,18 @@ token and sequence counts, so the accumulated gradient equals the full-batch gra
 counts a scan body once, `step_program_calls` reports the step program plus (micro_batches - 1)
 calls of the micro-batch gradient program for the FLOP ledger.
 
+`logits_to_keep = k` (GRPO, OPD): the LM head, log-probs and loss run on the last k target
+positions only, the completion (prompts are left-padded to one length, so completions fill the
+last columns), like TRL's `logits_to_keep`; the prompt positions' logits never reach these losses.
+A loss-mask token outside those k columns would be dropped from the loss, so the step makes the
+loss NaN instead (the step is skipped and reported non-finite) and counts them in the
+`tokens_outside_logits` metric.
+
 A step whose loss or gradient is not finite leaves the state unchanged and reports `finite = 0`;
 the host loop stops the run with a message naming the step (see loop.py).
 
-Legend: B rows, S sequence length, T = S - 1 target positions, V vocab.
+Legend: B rows, S sequence length, T = S - 1 target positions (inside the losses: the last
+`logits_to_keep` of them, when set), V vocab, D model dim.
 """
 
 from __future__ import annotations
@@ -28,11 +36,11 @@ import jax.numpy as jnp
 import optax
 
 from smjax.flops import ProgramCall, shape_struct
-from smjax.models.transformer import Transformer
+from smjax.models.transformer import Transformer, lm_head
 from smjax import sharded_kernels
 from smjax.rl import grpo as grpo_lib
 from smjax.rl import opd as opd_lib
-from smjax.rl.logprobs import token_logprobs
+from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
 from smjax.train.state import TrainState
 
 
@@ -61,6 +69,7 @@ class GRPOConfig:
   max_len: int | None = None         # seq_mean_token_sum_norm constant (default: T)
   micro_batches: int = 1
   impl: str = "auto"                 # group-advantage kernel dispatch
+  logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +81,7 @@ class OPDConfig:
   top_k: int = 16
   micro_batches: int = 1
   impl: str = "auto"                 # reverse-KL kernel dispatch
+  logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
 
 
 def forward_logits(model: Transformer, params, batch: SequenceBatch) -> jax.Array:
@@ -79,6 +89,47 @@ def forward_logits(model: Transformer, params, batch: SequenceBatch) -> jax.Arra
   logits_BSV, _ = model.apply({"params": params}, batch.tokens_BS, batch.positions_BS,
                               batch.attn_mask_BS)
   return logits_BSV[:, :-1]
+
+
+def _kept_logits(model: Transformer, params, batch: SequenceBatch, keep: int) -> jax.Array:
+  """Logits [B, keep, V] at the last `keep` of the T positions that predict tokens_BS[:, 1:]."""
+  hidden_BSD, _ = model.apply({"params": params}, batch.tokens_BS, batch.positions_BS,
+                              batch.attn_mask_BS, return_hidden=True)
+  S = hidden_BSD.shape[1]
+  return lm_head(params, model.cfg, hidden_BSD[:, S - 1 - keep:S - 1])
+
+
+def _keep(logits_to_keep: int | None, batch: SequenceBatch, where: str) -> int:
+  T = batch.loss_mask_BT.shape[1]
+  if logits_to_keep is None:
+    return T
+  if not 0 < logits_to_keep <= T:
+    raise ValueError(f"{where}.logits_to_keep={logits_to_keep} must be in [1, T={T}] (the "
+                     f"completion length; T = tokens_BS length - 1)")
+  return logits_to_keep
+
+
+def _policy_logits(model, params, batch: SequenceBatch, keep: int):
+  """(logits [B, keep, V], the batch with its per-target arrays cut to the same last `keep`
+  columns, the targets [B, keep])."""
+  T = batch.loss_mask_BT.shape[1]
+  if keep == T:
+    return forward_logits(model, params, batch), batch, batch.tokens_BS[:, 1:]
+  cut = lambda x: None if x is None else x[:, T - keep:]
+  window = batch.replace(loss_mask_BT=cut(batch.loss_mask_BT), old_logp_BT=cut(batch.old_logp_BT),
+                         ref_logp_BT=cut(batch.ref_logp_BT),
+                         teacher_logp_BT=cut(batch.teacher_logp_BT),
+                         teacher_logits_BTV=cut(batch.teacher_logits_BTV))
+  return _kept_logits(model, params, batch, keep), window, batch.tokens_BS[:, 1:][:, T - keep:]
+
+
+def _guard_window(loss, aux, batch: SequenceBatch, keep: int):
+  """NaN loss (a skipped, reported step) if loss-mask tokens fall outside the kept columns."""
+  T = batch.loss_mask_BT.shape[1]
+  if keep == T:
+    return loss, aux
+  outside = jnp.sum(batch.loss_mask_BT[:, :T - keep].astype(jnp.float32))
+  return jnp.where(outside > 0, jnp.nan, loss), dict(aux, tokens_outside_logits=outside)
 
 
 def make_logprob_fn(model: Transformer) -> Callable:
@@ -107,36 +158,38 @@ def _sft_loss(model, params, batch: SequenceBatch, counts):
 
 
 def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  logits = forward_logits(model, params, batch)
-  logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
+  keep = _keep(cfg.logits_to_keep, batch, "GRPOConfig")
+  logits, win, targets = _policy_logits(model, params, batch, keep)
+  logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
   loss, aux = sharded_kernels.grpo_loss_from_rewards(
-      logp, batch.old_logp_BT, batch.ref_logp_BT if cfg.beta else None, batch.rewards_B,
-      batch.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
+      logp, win.old_logp_BT, win.ref_logp_BT if cfg.beta else None, win.rewards_B,
+      win.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
       eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-      aggregation=cfg.aggregation, max_len=cfg.max_len, num_valid_tokens=counts["tokens"],
-      num_sequences=counts["sequences"], impl=cfg.impl, mesh=mesh)
-  entropy = grpo_lib.masked_mean(grpo_lib.token_entropy(jax.lax.stop_gradient(logits)),
-                                 batch.loss_mask_BT)
-  return loss, dict(aux, entropy=entropy)
+      aggregation=cfg.aggregation, max_len=cfg.max_len or batch.loss_mask_BT.shape[1],
+      num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
+      mesh=mesh)
+  aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
+  return _guard_window(loss, aux, batch, keep)
 
 
 def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  logits = forward_logits(model, params, batch)
-  targets = batch.tokens_BS[:, 1:]
-  kw = dict(mask_BT=batch.loss_mask_BT, aggregation=cfg.aggregation,
+  keep = _keep(cfg.logits_to_keep, batch, "OPDConfig")
+  logits, win, targets = _policy_logits(model, params, batch, keep)
+  logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
+  # max_len: the full T, whatever the kept window (seq_mean_token_sum_norm's constant).
+  kw = dict(mask_BT=win.loss_mask_BT, aggregation=cfg.aggregation,
             num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"],
-            eps_low=cfg.eps_low, eps_high=cfg.eps_high, top_k=cfg.top_k, impl=cfg.impl, mesh=mesh)
+            max_len=batch.loss_mask_BT.shape[1], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
+            top_k=cfg.top_k, impl=cfg.impl, mesh=mesh)
   if cfg.objective == "sampled":
-    loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=token_logprobs(logits, targets),
-                                 old_logp_BT=batch.old_logp_BT,
-                                 teacher_logp_BT=batch.teacher_logp_BT, **kw)
+    loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=logp, old_logp_BT=win.old_logp_BT,
+                                 teacher_logp_BT=win.teacher_logp_BT, **kw)
   else:
-    loss, aux = opd_lib.opd_loss(cfg.objective, student_logits_BTV=logits,
-                                 teacher_logits_BTV=batch.teacher_logits_BTV, tokens_BT=targets,
+    loss, aux = opd_lib.opd_loss(cfg.objective, student_logits_BTV=logits, student_logp_BT=logp,
+                                 teacher_logits_BTV=win.teacher_logits_BTV, tokens_BT=targets,
                                  **kw)
-  entropy = grpo_lib.masked_mean(grpo_lib.token_entropy(jax.lax.stop_gradient(logits)),
-                                 batch.loss_mask_BT)
-  return loss, dict(aux, entropy=entropy)
+  aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
+  return _guard_window(loss, aux, batch, keep)
 
 
 # -------------------------------------------------------------------------------------- steps
