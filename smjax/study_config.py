@@ -73,7 +73,8 @@ def study_defaults() -> mlc.ConfigDict:
   # does not rescue a hopeless one or improve a saturated one.
   # Calibration (2-core CPU, 2026-11-30, seed 0, greedy held-out math / code): held-out accuracy
   # jumps late and in a seed-dependent order. Cosine over 1000: step 600 -> 9% / 25%, 700 ->
-  # 11% / 41%, 750 -> 15% / 48%, 1000 -> 21% / 76%; cosine over 800, step 800 -> 94% / 23%.
+  # 11% / 41%, 750 -> 15% / 48% (66% / 55% when the same config ran in another process: the
+  # transition is that sensitive), 1000 -> 21% / 76%; cosine over 800, step 800 -> 94% / 23%.
   # GRPO (lr 1e-4, 16 x 8) from a partial base: math 37% -> 55%, code 41% -> 56% in 600 steps,
   # while the other domain decays; from a saturated domain (94%) it only loses accuracy.
   c.base = mlc.ConfigDict(dict(steps=750, schedule_steps=1000, batch_size=128,
