@@ -13,7 +13,7 @@ Every arm starts from the same SFT base model (its FLOPs are reported apart, und
   teacher), by OPD from the external teacher, and by GRPO; FLOPs to recover are compared.
 
 Each phase has its own work dir `<workdir>/seed_<s>/<phase>/`: a finished phase (result.json) is not
-run again, and an interrupted one resumes from its last checkpoint (smjax.checkpoint). All phases of
+run again, and an interrupted one resumes from its last checkpoint (smjax.phase_store). All phases of
 a seed run in one process and share their jitted programs, so each program compiles once.
 """
 
@@ -23,7 +23,6 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +42,9 @@ from smjax.models.transformer import Transformer, init_params, param_logical_axe
 from smjax.report import ArmResult, build_report, format_table, write_report
 from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
-from smjax.study_config import phase_independent_fields, validate
+from smjax import phase_store
+from smjax.phase_store import PhaseOutput
+from smjax.study_config import validate
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
@@ -51,14 +52,6 @@ from smjax.train.loop import RLLoopConfig, RLRun, run_sft
 from smjax.train.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass
-class PhaseOutput:
-  params: Any
-  ledger: FlopLedger
-  curve: list[dict]
-  extra: dict
 
 
 class PromptStream:
@@ -216,67 +209,10 @@ class SeedContext:
 
 # ----------------------------------------------------------------------------- phase store
 
-def _phase_dir(ctx: SeedContext, phase: str) -> str:
-  return os.path.join(ctx.workdir, phase)
-
-
-def _load_done(ctx: SeedContext, phase: str, template_params) -> PhaseOutput | None:
-  path = os.path.join(_phase_dir(ctx, phase), "result.json")
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    res = json.load(f)
-  diff = ("config" in res and
-          ckpt_lib.config_diff(res["config"], ctx.config.to_dict(),
-                               phase_independent_fields(phase)))
-  if diff:
-    raise ckpt_lib.ConfigMismatchError(
-        f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
-        "studies. Differing fields (finished -> now):\n  " + "\n  ".join(diff) +
-        "\nUse a fresh --workdir, or delete that phase directory to rerun it.")
-  mgr = ckpt_lib.Checkpointer(os.path.join(_phase_dir(ctx, phase), "final"), max_to_keep=1,
-                              keep_best=False, async_save=False)
-  restored = mgr.restore_latest({"params": template_params})
-  mgr.close()
-  if restored is None:
-    raise RuntimeError(f"{path} says phase {phase!r} finished, but its final parameters under "
-                       f"{_phase_dir(ctx, phase)}/final could not be restored; delete the phase "
-                       "directory to rerun it")
-  log.info("phase %s already finished: loaded %s", phase, path)
-  return PhaseOutput(restored.state["params"], FlopLedger.from_dict(res["ledger"]), res["curve"],
-                     res.get("extra", {}))
-
-
-def _save_done(ctx: SeedContext, phase: str, out: PhaseOutput) -> PhaseOutput:
-  d = _phase_dir(ctx, phase)
-  mgr = ckpt_lib.Checkpointer(os.path.join(d, "final"), max_to_keep=1, keep_best=False,
-                              async_save=False)
-  mgr.save(0, {"params": out.params})
-  mgr.close()
-  tmp = os.path.join(d, "result.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,
-               "config": ctx.config.to_dict()}, f)
-  os.replace(tmp, os.path.join(d, "result.json"))
-  return out
-
-
-def run_phase(ctx: SeedContext, phase: str, template_params, fn: Callable[[], PhaseOutput]):
-  """Runs `fn` unless the phase already finished; saves its output atomically when it does."""
-  done = _load_done(ctx, phase, template_params)
-  if done is not None:
-    return done
-  os.makedirs(_phase_dir(ctx, phase), exist_ok=True)
-  return _save_done(ctx, phase, fn())
-
-
 # ---------------------------------------------------------------------------------- phases
 
 def _checkpointer(ctx: SeedContext, phase: str) -> ckpt_lib.Checkpointer:
-  return ckpt_lib.Checkpointer(os.path.join(_phase_dir(ctx, phase), "checkpoints"),
-                               max_to_keep=2, keep_best=False, async_save=True,
-                               config=ctx.config.to_dict(),
-                               ignore_fields=phase_independent_fields(phase))
+  return phase_store.checkpointer(ctx.workdir, ctx.config, phase)
 
 
 def _get_path(tree, path):
@@ -311,7 +247,7 @@ def phase_base(ctx: SeedContext) -> PhaseOutput:
     point = {"step": b.steps, "flops": 0.0, "accuracy": acc, "mean": float(np.mean(list(
         acc.values()))), "length": lengths}
     return PhaseOutput(state.params, ledger, [point], {})
-  return run_phase(ctx, "base", ctx.abstract_params(), fn)
+  return phase_store.run_phase(ctx.workdir, ctx.config, "base", ctx.abstract_params(), fn)
 
 
 def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains, steps: int,
@@ -375,7 +311,7 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
     return PhaseOutput(result.state.params, result.ledger, result.curve,
                        {"last_metrics": result.last_metrics})
 
-  return run_phase(ctx, phase, ctx.abstract_params(), fn)
+  return phase_store.run_phase(ctx.workdir, ctx.config, phase, ctx.abstract_params(), fn)
 
 
 def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
@@ -412,7 +348,8 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
     point = {"step": e.teacher_sft_steps, "flops": 0.0, "accuracy": acc,
              "mean": float(np.mean(list(acc.values()))), "length": lengths}
     return PhaseOutput(state.params, ledger, [point], {"preset": e.teacher_preset})
-  return run_phase(ctx, "external_teacher", ctx.abstract_params(cfg), fn)
+  return phase_store.run_phase(ctx.workdir, ctx.config, "external_teacher",
+                               ctx.abstract_params(cfg), fn)
 
 
 def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]:

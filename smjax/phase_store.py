@@ -1,0 +1,98 @@
+"""A study phase's persistent output: finished phases are reused, never silently mixed.
+
+`<workdir>/<phase>/result.json` (FLOP ledger, accuracy curve, extras and the config it ran under)
+plus `final/` (its parameters, orbax) mark a finished phase. `run_phase` reuses it when the
+config fields that phase reads are unchanged (`study_config.phase_independent_fields`), refuses
+it with the differing fields listed otherwise, and else runs the phase and saves its output,
+result.json last and atomically, so an interrupted save leaves no finished-looking phase.
+In-progress phases checkpoint under `<phase>/checkpoints/` (`checkpointer`) with the same guard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from typing import Any, Callable
+
+import ml_collections as mlc
+
+from smjax import checkpoint as ckpt_lib
+from smjax.ledger import FlopLedger
+from smjax.study_config import phase_independent_fields
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class PhaseOutput:
+  params: Any
+  ledger: FlopLedger
+  curve: list[dict]
+  extra: dict
+
+
+def phase_dir(workdir: str, phase: str) -> str:
+  return os.path.join(workdir, phase)
+
+
+def load_done(workdir: str, config: mlc.ConfigDict, phase: str,
+              template_params) -> PhaseOutput | None:
+  """The finished phase's output, None if it has not finished; ConfigMismatchError if it
+  finished under a config that differs in a field the phase reads."""
+  path = os.path.join(phase_dir(workdir, phase), "result.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    res = json.load(f)
+  diff = ("config" in res and
+          ckpt_lib.config_diff(res["config"], config.to_dict(), phase_independent_fields(phase)))
+  if diff:
+    raise ckpt_lib.ConfigMismatchError(
+        f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
+        "studies. Differing fields (finished -> now):\n  " + "\n  ".join(diff) +
+        "\nUse a fresh --workdir, or delete that phase directory to rerun it.")
+  mgr = ckpt_lib.Checkpointer(os.path.join(phase_dir(workdir, phase), "final"), max_to_keep=1,
+                              keep_best=False, async_save=False)
+  restored = mgr.restore_latest({"params": template_params})
+  mgr.close()
+  if restored is None:
+    raise RuntimeError(f"{path} says phase {phase!r} finished, but its final parameters under "
+                       f"{phase_dir(workdir, phase)}/final could not be restored; delete the "
+                       "phase directory to rerun it")
+  log.info("phase %s already finished: loaded %s", phase, path)
+  return PhaseOutput(restored.state["params"], FlopLedger.from_dict(res["ledger"]), res["curve"],
+                     res.get("extra", {}))
+
+
+def save_done(workdir: str, config: mlc.ConfigDict, phase: str, out: PhaseOutput) -> PhaseOutput:
+  d = phase_dir(workdir, phase)
+  mgr = ckpt_lib.Checkpointer(os.path.join(d, "final"), max_to_keep=1, keep_best=False,
+                              async_save=False)
+  mgr.save(0, {"params": out.params})
+  mgr.close()
+  tmp = os.path.join(d, "result.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,
+               "config": config.to_dict()}, f)
+  os.replace(tmp, os.path.join(d, "result.json"))
+  return out
+
+
+def run_phase(workdir: str, config: mlc.ConfigDict, phase: str, template_params,
+              fn: Callable[[], PhaseOutput]) -> PhaseOutput:
+  """Runs `fn` unless the phase already finished; saves its output atomically when it does."""
+  done = load_done(workdir, config, phase, template_params)
+  if done is not None:
+    return done
+  os.makedirs(phase_dir(workdir, phase), exist_ok=True)
+  return save_done(workdir, config, phase, fn())
+
+
+def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str) -> ckpt_lib.Checkpointer:
+  """The running phase's checkpoints (resume refuses a config that changed a field it reads)."""
+  return ckpt_lib.Checkpointer(os.path.join(phase_dir(workdir, phase), "checkpoints"),
+                               max_to_keep=2, keep_best=False, async_save=True,
+                               config=config.to_dict(),
+                               ignore_fields=phase_independent_fields(phase))
