@@ -21,10 +21,14 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _peer_common import timed  # noqa: E402  (the peer benchmarks' timer)
 
 SIZES = {  # vocab, d_model, d_ff, layers, heads, kv_heads
     "mid": (8192, 384, 1024, 4, 6, 2),   # ~12.6M params: compute matters
@@ -47,15 +51,6 @@ def build_hf_model(args):
   model = transformers.Qwen3ForCausalLM(cfg).eval()
   model.generation_config.eos_token_id = None  # both sides run the full max_new_tokens
   return model
-
-
-def timed(fn, reps):
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - t0)
-  return times
 
 
 def main():
