@@ -183,12 +183,38 @@ def parse_args(description: str, peer: str, argv=None):
                   help=f"where the peer venv ({peer}) is created; bench_results/ is git-ignored")
   ap.add_argument("--peer-timeout", type=float, default=3600.0, help="seconds")
   ap.add_argument("--skip-peer", action="store_true", help="smjax side only (smoke tests)")
+  ap.add_argument("--matmul-size", type=int, default=2048,
+                  help="n of the [n, n] @ [n, n] f32 matmul whose rate is this machine's peak")
+  ap.add_argument("--matmul-samples", type=int, default=10,
+                  help="peak samples after each smjax round (before and after the peer)")
   ap.add_argument("--out", default=f"bench_results/grpo_step_vs_{peer}.json")
   return ap.parse_args(argv)
 
 
-def _smjax_round(side: Side, args, prompts, bucket: int, label: str) -> dict:
-  """Both smjax measurements once (the compiled step and the sampler are reused across rounds)."""
+def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
+             peer_s: float | None, goal: float) -> dict:
+  """Where the step times sit against the machine's matmul peak (all rates of the same work:
+  smjax's compiled step FLOPs, which the peer's step also does, the check of the first loss
+  and gradient norm says so).
+
+  `floor_s`: the step's FLOPs at the matmul peak, a practical lower bound on any implementation's
+  step on this machine (the step's FLOPs are nearly all in matmuls, most of them smaller than the
+  peak's, which run slower; elementwise work, the attention softmax and AdamW only add time).
+  `goal_fraction_of_peak`: the share of the peak a step `goal` times faster than the peer would
+  have to sustain; above 1 the goal cannot be met on this machine."""
+  out = dict(step_flops=step_flops, peak_flops_per_s=peak_flops_per_s,
+             floor_s=step_flops / peak_flops_per_s,
+             smjax_fraction_of_peak=step_flops / smjax_s / peak_flops_per_s, goal=goal)
+  if peer_s is not None:
+    out.update(peer_fraction_of_peak=step_flops / peer_s / peak_flops_per_s,
+               goal_step_s=peer_s / goal,
+               goal_fraction_of_peak=step_flops * goal / peer_s / peak_flops_per_s)
+  return out
+
+
+def _smjax_round(side: Side, args, prompts, bucket: int, label: str, peak) -> dict:
+  """Both smjax measurements once (the compiled step and the sampler are reused across rounds),
+  then `args.matmul_samples` samples of the matmul peak (`peak`, train_mfu.MatmulPeak)."""
   import os  # pylint: disable=import-outside-toplevel
   ours = {"loadavg": os.getloadavg()}
   if "step" in args.modes:
@@ -202,14 +228,18 @@ def _smjax_round(side: Side, args, prompts, bucket: int, label: str) -> dict:
         prompt_bucket=bucket, reps=args.iter_reps, warmup=args.iter_warmup, seed=args.seed)
     print(f"  smjax iteration ({label}): {s['median_s'] * 1e3:8.1f} ms  (first call "
           f"{s['first_call_s']:.1f} s, the first round's incl. the sampler's compile)")
+  peak.sample(args.matmul_samples)
   return ours
 
 
-def compare(args, *, peer: str, requirements: list[str], peer_script: str) -> dict:
+def compare(args, *, peer: str, requirements: list[str], peer_script: str,
+            goal: float) -> dict:
   """Runs both sides on the same weights, batch and settings; prints and writes the ratios.
 
   smjax is measured before and again after the peer (a machine shared with other jobs drifts);
-  each ratio is taken against the slower of smjax's two medians. Raises RuntimeError (with the
+  each ratio is taken against the slower of smjax's two medians. The same machine's f32 matmul
+  peak is sampled after each smjax round, and the step times are placed against it (`roofline`;
+  `goal`: the step speedup over the peer the issue asks for). Raises RuntimeError (with the
   reason) when the peer cannot be installed or run."""
   import json  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
@@ -244,7 +274,9 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str) -> di
           f"(step batch: {int(batch['completion_mask_BC'].sum())} real completion tokens)")
 
     side = Side(model_dir, batch, group_size=G, lr=args.lr)
-    results["smjax"] = ours = _smjax_round(side, args, prompts, bucket, "before")
+    from train_mfu import MatmulPeak  # pylint: disable=import-outside-toplevel
+    peak = MatmulPeak(args.matmul_size)
+    results["smjax"] = ours = _smjax_round(side, args, prompts, bucket, "before", peak)
     if args.skip_peer:
       print(f"--skip-peer: {peer} side not run")
     else:
@@ -257,7 +289,8 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str) -> di
       theirs = common.run_peer(python, os.path.join(os.path.dirname(__file__), peer_script),
                                spec, work, timeout_s=args.peer_timeout)
       results[peer] = dict(theirs, loadavg=load)
-      results["smjax_after_peer"] = after = _smjax_round(side, args, prompts, bucket, "after")
+      results["smjax_after_peer"] = after = _smjax_round(side, args, prompts, bucket, "after",
+                                                         peak)
       results["speedup"] = {}
       for mode in args.modes:
         t = theirs[mode]["median_s"]
@@ -279,6 +312,21 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str) -> di
               f"{check['first_grad_norm']['smjax']:.7g} / {check['first_grad_norm']['peer']:.7g};"
               f" relative differences {check['first_loss']['rel_diff']:.1e}, "
               f"{check['first_grad_norm']['rel_diff']:.1e}")
+    results["matmul_peak"] = peak.record()
+    if "step" in args.modes:
+      slow = max(r["step"]["median_s"] for r in (ours, results.get("smjax_after_peer", ours)))
+      peer_s = results[peer]["step"]["median_s"] if peer in results else None
+      results["roofline"] = r = roofline(step_flops=side.flops,
+                                         peak_flops_per_s=results["matmul_peak"]["flops_per_s"],
+                                         smjax_s=slow, peer_s=peer_s, goal=goal)
+      print(f"  roofline: matmul peak {r['peak_flops_per_s'] / 1e9:.1f} GFLOP/s "
+            f"([{args.matmul_size}]^2 f32, this run); the step's {r['step_flops'] / 1e9:.1f} GFLOP "
+            f"at that peak take {r['floor_s'] * 1e3:.1f} ms; smjax runs at "
+            f"{r['smjax_fraction_of_peak']:.0%} of it"
+            + ("" if peer_s is None else
+               f", {peer} at {r['peer_fraction_of_peak']:.0%}; a step {goal:g}x faster than "
+               f"{peer} ({r['goal_step_s'] * 1e3:.1f} ms) would need "
+               f"{r['goal_fraction_of_peak']:.0%}"))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

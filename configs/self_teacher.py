@@ -6,8 +6,9 @@ Joint GRPO model → more GRPO on `degrade_domain` only (the other domain degrad
 `recover_domain` three ways from the degraded model: OPD from the joint checkpoint (self teacher),
 OPD from the external teacher, and GRPO. The report gives FLOPs to get back to
 recover_target_fraction x the joint model's accuracy on that domain, and the ratios.
-Expected runtime: ~10-12 min on a 2-core CPU. Expected result (paper): the self teacher needs far
-fewer FLOPs (up to 50x); the README reports what we measured.
+Expected runtime: ~20-25 min on a 2-core CPU (10-15 min of it the external teacher's 1000 SFT
+steps). Expected result (paper): the self teacher needs far fewer FLOPs (up to 50x); the README
+reports what we measured.
 """
 
 from smjax.study_config import parse_arg, study_defaults

@@ -8,10 +8,11 @@ Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strin
 seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
 
 Expected runtime on a 2-core CPU (measured 2026-11-30): demo 4 min (idle machine);
-two_domain,full about 55 min through `make study` (three seeds as parallel processes, machine
-shared with other jobs); four_domain,full not yet run (estimate: twice two_domain). Expected
-result: README "The toy study" (numbers measured with these configs, whatever they say about
-the paper's claims: at this scale joint GRPO beats split-then-merge per FLOP).
+two_domain,full about 75 min through `make study` (three seeds as parallel processes, machine
+shared with other jobs: 55 min with a 300-step external teacher, whose 1000 steps now add ~20);
+four_domain,full not yet run (estimate: twice two_domain). Expected result: README "The toy
+study" (numbers measured with these configs, whatever they say about the paper's claims: at this
+scale joint GRPO beats split-then-merge per FLOP).
 """
 
 from smjax.study_config import parse_arg, study_defaults
@@ -43,7 +44,6 @@ def get_config(arg=None):
     c.experts.steps = 500
     c.joint.steps = c.experts.steps * n
     c.mopd.steps = 250
-    c.external.teacher_sft_steps = 300
     c.external.steps = 250
     c.self_teacher.degrade_steps = 300
     c.self_teacher.recover_steps = 200

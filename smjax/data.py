@@ -127,3 +127,23 @@ def prompt_pipeline(domains: Sequence[Domain], *, batch_size: int, split: str = 
                         batch_fn=_Collate(tokenizer, max_prompt_len))
   return batched.to_iter_dataset(
       read_options or grain.ReadOptions(num_threads=2, prefetch_buffer_size=4))
+
+
+class PromptStream:
+  """Batches of `Example`s from a grain iterator, with its checkpointable state."""
+
+  def __init__(self, it, transform=None):
+    self._it, self._transform = it, transform
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    examples = next(self._it)["examples"]
+    return [self._transform(e) for e in examples] if self._transform else examples
+
+  def get_state(self):
+    return self._it.get_state()
+
+  def set_state(self, state) -> None:
+    self._it.set_state(state)

@@ -44,7 +44,7 @@ from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
 from smjax import phase_store
 from smjax.phase_store import PhaseOutput
-from smjax.study_config import validate
+from smjax.study_config import TEACHER_EXTRA_TOKENS, check_lengths, validate
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
@@ -52,26 +52,6 @@ from smjax.train.loop import RLLoopConfig, RLRun, run_sft
 from smjax.train.metrics import MetricsWriter
 
 log = logging.getLogger(__name__)
-
-
-class PromptStream:
-  """Batches of `Example`s from a grain iterator, with its checkpointable state."""
-
-  def __init__(self, it, transform=None):
-    self._it, self._transform = it, transform
-
-  def __iter__(self):
-    return self
-
-  def __next__(self):
-    examples = next(self._it)["examples"]
-    return [self._transform(e) for e in examples] if self._transform else examples
-
-  def get_state(self):
-    return self._it.get_state()
-
-  def set_state(self, state) -> None:
-    self._it.set_state(state)
 
 
 def verbose(example):
@@ -113,6 +93,7 @@ class SeedContext:
     self.heldout = {d: dom.generate("test", config.heldout_size, seed=10_000 + seed)
                     for d, dom in self.domains.items()}
     self.verifier = lambda examples, texts: verify_batch(examples, texts, domains=self.domains)
+    check_lengths(config, self.tokenizer, self.model_cfg, self.heldout)
     rl = config.rl
     self.sampler = Sampler(self.model_cfg, max_new_tokens=rl.max_new_tokens,
                            eos_id=self.tokenizer.eos_id, pad_id=self.tokenizer.pad_id,
@@ -132,7 +113,7 @@ class SeedContext:
         logits_to_keep=rl.max_new_tokens)
     self.grpo_step = steps_lib.jit_step(steps_lib.make_grpo_step(
         self.model, self.rl_tx, grpo_cfg, lr_schedule=state_lib.learning_rate_schedule(self.rl_opt),
-        mesh=self.mesh))
+        mesh=self.mesh), state_shardings=self.state_shardings(self.rl_tx))
     o = config.opd
     self.opd_opt = state_lib.OptimizerConfig(learning_rate=o.learning_rate, clip_norm=rl.clip_norm)
     self.opd_tx = state_lib.make_optimizer(self.opd_opt)
@@ -141,7 +122,8 @@ class SeedContext:
                                        micro_batches=o.micro_batches, impl=o.impl,
                                        logits_to_keep=rl.max_new_tokens)
     self.opd_step = steps_lib.jit_step(steps_lib.make_opd_step(self.model, self.opd_tx,
-                                                               self.opd_cfg, mesh=self.mesh))
+                                                               self.opd_cfg, mesh=self.mesh),
+                                       state_shardings=self.state_shardings(self.opd_tx))
     self.ref_fn = jax.jit(steps_lib.make_logprob_fn(self.model)) if rl.beta else None
     self.eval_every_flops = self._load_eval_interval()
 
@@ -157,12 +139,26 @@ class SeedContext:
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shards)
 
-  def place(self, params, cfg=None):
-    """Parameters on the mesh with their logical-axis shardings (unchanged on one device)."""
+  def state_shardings(self, tx, cfg=None):
+    """The TrainState's shardings on the mesh (None on one device): parameters by their logical
+    axes, optimiser moments following them, counters replicated. Steps are jitted with them as
+    input and output shardings and states are created with them (`new_state`), so a step's output
+    is its next input as it is: each step program compiles once."""
     if self.mesh is None:
-      return params
-    shards = jax.tree.map(lambda a: a.sharding, self.abstract_params(cfg))
-    return jax.device_put(params, shards)
+      return None
+    return sharding.abstract_train_state(cfg or self.model_cfg, tx, self.mesh)[1]
+
+  def new_state(self, params, tx, cfg=None):
+    """A fresh TrainState laid out by `state_shardings(tx, cfg)`."""
+    return state_lib.create_sharded_state(params, tx, self.state_shardings(tx, cfg))
+
+  def random_params(self, key, cfg=None):
+    """A seeded random init, created sharded on the mesh (jitted with out_shardings, so the whole
+    model never sits on one device) or on the default device without one."""
+    cfg = cfg or self.model_cfg
+    if self.mesh is None:
+      return init_params(cfg, key)
+    return sharding.init_sharded_params(cfg, self.mesh, key)[0]
 
   def initial_params(self):
     """The base phase's starting point: the HF checkpoint's weights, or a seeded random init."""
@@ -174,12 +170,13 @@ class SeedContext:
         put = lambda path, arr: jax.device_put(arr, _get_path(shards, path))
       _, params = hf.load_params(m.hf_path, self.model_cfg, put=put)
       return params if put is not None else jax.tree.map(jnp.asarray, params)
-    return self.place(init_params(self.model_cfg, jax.random.key(self.seed)))
+    return self.random_params(jax.random.key(self.seed))
 
-  def prompts(self, domains, batch_size: int, stream_seed: int, transform=None) -> PromptStream:
+  def prompts(self, domains, batch_size: int, stream_seed: int,
+              transform=None) -> data_lib.PromptStream:
     ds = data_lib.prompt_pipeline([self.domains[d] for d in domains], batch_size=batch_size,
                                   split="train", seed=self.seed * 1000 + stream_seed)
-    return PromptStream(iter(ds), transform)
+    return data_lib.PromptStream(iter(ds), transform)
 
   def _interval_file(self):
     return os.path.join(self.workdir, "eval_interval.json")
@@ -232,8 +229,9 @@ def phase_base(ctx: SeedContext) -> PhaseOutput:
                                     total_steps=max(b.schedule_steps or b.steps, 1),
                                     schedule="cosine")
     tx = state_lib.make_optimizer(opt)
-    step = steps_lib.jit_step(steps_lib.make_sft_step(ctx.model, tx))
-    state = state_lib.create_sharded_state(ctx.initial_params(), tx)
+    step = steps_lib.jit_step(steps_lib.make_sft_step(ctx.model, tx),
+                              state_shardings=ctx.state_shardings(tx))
+    state = ctx.new_state(ctx.initial_params(), tx)
     ledger = FlopLedger()
     with ctx.writer("base") as writer:
       if b.steps:
@@ -266,7 +264,7 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
         seed=ctx.seed * 7919 + stream_seed, progress=c.progress)
     tx = ctx.rl_tx if algo == "grpo" else ctx.opd_tx
     step = ctx.grpo_step if algo == "grpo" else ctx.opd_step
-    state = state_lib.create_sharded_state(jax.tree.map(jnp.copy, init_params_), tx)
+    state = ctx.new_state(jax.tree.map(jnp.copy, init_params_), tx)
     prompts = ctx.prompts(domains, rl.prompts_per_step, stream_seed)
     evaluator = ctx.evaluator
     if heldout_domains is not None:
@@ -329,9 +327,9 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
     opt = state_lib.OptimizerConfig(learning_rate=e.teacher_learning_rate, warmup_steps=20,
                                     total_steps=e.teacher_sft_steps, schedule="cosine")
     tx = state_lib.make_optimizer(opt)
-    step = steps_lib.jit_step(steps_lib.make_sft_step(model, tx))
-    state = state_lib.create_sharded_state(
-        ctx.place(init_params(cfg, jax.random.key(ctx.seed + 1)), cfg), tx)
+    step = steps_lib.jit_step(steps_lib.make_sft_step(model, tx),
+                              state_shardings=ctx.state_shardings(tx, cfg))
+    state = ctx.new_state(ctx.random_params(jax.random.key(ctx.seed + 1), cfg), tx, cfg)
     ledger = FlopLedger()
     stream = ctx.prompts(ctx.config.domains, b.batch_size, 2, transform=verbose)
     with ctx.writer("external_teacher") as writer:
@@ -339,7 +337,7 @@ def _teacher_sft(ctx: SeedContext) -> PhaseOutput:
                          examples_iter=stream, tokenizer=ctx.tokenizer, seq_len=e.teacher_seq_len,
                          num_steps=e.teacher_sft_steps, ledger=ledger, writer=writer,
                          progress=ctx.config.progress)
-    sampler = Sampler(cfg, max_new_tokens=ctx.config.rl.max_new_tokens + 16,
+    sampler = Sampler(cfg, max_new_tokens=ctx.config.rl.max_new_tokens + TEACHER_EXTRA_TOKENS,
                       eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id)
     evaluator = Evaluator(sampler, ctx.tokenizer, ctx.heldout, ctx.verifier,
                           batch_size=ctx.config.eval.batch_size, phase="eval/external_teacher")
@@ -450,7 +448,9 @@ def run_study(config: mlc.ConfigDict, workdir: str) -> dict:
     arms.extend(run_seed(config, seed, os.path.join(workdir, f"seed_{seed}")))
   ref = config.report.reference_arm
   report = build_report(arms, target_fraction=config.report.target_fraction,
-                        reference_arm=ref if any(a.arm == ref for a in arms) else None)
+                        reference_arm=ref if any(a.arm == ref for a in arms) else None,
+                        recover_domain=(config.self_teacher.recover_domain
+                                        if "self_teacher" in config.phases else None))
   paths = write_report(report, arms, os.path.join(workdir, "report"))
   report["paths"] = paths
   report["table"] = format_table(report)

@@ -11,6 +11,11 @@ here from the arms' FLOP ledgers and accuracy-vs-FLOPs curves:
 - the distillation share: distillation FLOPs / the experts' FLOPs (split-then-merge arms);
 - mean response length on the held-out set.
 Over several seeds each number is reported as mean and sample std.
+
+The self-teacher study's "recovery" arms are scored on the recovered domain only (recover_* are
+evaluated on it alone), so every recovery figure (FLOPs to its target, the recovery table's
+accuracy and length, the recovery panel of the plot) is read on that domain for every recovery
+arm, the `degrade` arm included, although `degrade` is evaluated on every domain.
 """
 
 from __future__ import annotations
@@ -56,12 +61,39 @@ def _mean_std(xs: Sequence[float | None]) -> dict:
           "n": len(vals), "missing": len(xs) - len(vals)}
 
 
-def _curve_xy(curve):
-  return [(p["flops"], p["mean"]) for p in curve]
+def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = None) -> str | None:
+  """The domain the recovery arms are scored on (config.self_teacher.recover_domain).
+
+  Given: checked against every recovery arm's curve. Not given: the one domain every recovery
+  arm's curve points share (recover_* are evaluated on it alone, `degrade` on every domain);
+  None without recovery arms or when they share several domains (then the mean is used).
+  """
+  rec = [a for a in arms if a.group == "recovery" and a.curve]
+  if not rec:
+    return None
+  if recover_domain is not None:
+    for a in rec:
+      bad = [p["accuracy"] for p in a.curve if recover_domain not in p["accuracy"]]
+      if bad:
+        raise ValueError(f"recovery arm {a.arm!r} (seed {a.seed}): a curve point has accuracy "
+                         f"on {sorted(bad[0])}, expected {recover_domain=} among them")
+    return recover_domain
+  shared = set.intersection(*(set(p["accuracy"]) for a in rec for p in a.curve))
+  return shared.pop() if len(shared) == 1 else None
+
+
+def _score(point: dict, domain: str | None) -> float:
+  """The accuracy a curve point is compared on: `domain`'s, or the mean over domains."""
+  return point["mean"] if domain is None else point["accuracy"][domain]
+
+
+def _curve_xy(curve, domain: str | None = None):
+  return [(p["flops"], _score(p, domain)) for p in curve]
 
 
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
-                 target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo") -> dict:
+                 target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo",
+                 recover_domain: str | None = None) -> dict:
   """The report dict.
 
   `target` (main arms), when not given, is set per seed: the base's final mean held-out accuracy
@@ -69,8 +101,10 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   x the reference's final accuracy; without a reference arm: the mean over all main arms). Seeds
   start from very different bases, so one shared target would be met before training on some
   seeds and never on others. Recovery arms use their own per-run `target`, and their savings are
-  against `recover_grpo` when present.
+  against `recover_grpo` when present; they are scored on `recover_domain` (default: inferred by
+  `recover_domain_of`), which the recovery arms also get `*_recover_domain` figures for.
   """
+  rec_d = recover_domain_of(arms, recover_domain)
   by_arm: dict[str, list[ArmResult]] = {}
   for a in arms:
     by_arm.setdefault(a.arm, []).append(a)
@@ -90,22 +124,27 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
     # No trained arm at all (e.g. phases=('base',)): the report has no matched-accuracy target.
     target = float(np.mean(list(by_seed.values()))) if by_seed else None
   out = {"target_accuracy": target, "target_by_seed": by_seed, "reference_arm": reference_arm,
-         "arms": {}}
+         "recover_domain": rec_d, "arms": {}}
   for name, runs in by_arm.items():
     group = runs[0].group
     ref_name = reference_arm if group == "main" else "recover_grpo"
     tgt_of = {r.seed: (by_seed.get(r.seed, target) if group == "main" else r.target)
               for r in runs}
     ref_runs = {a.seed: a for a in by_arm.get(ref_name, [])}
-    reach = [flops_to_reach(_curve_xy(r.curve), tgt_of[r.seed])
+    scored_on = rec_d if group == "recovery" else None
+    reach = [flops_to_reach(_curve_xy(r.curve, scored_on), tgt_of[r.seed])
              if tgt_of[r.seed] is not None and r.flops_by_phase else None for r in runs]
 
     def ref_reach(seed):
       ref, tgt = ref_runs.get(seed), tgt_of.get(seed)
-      return None if ref is None or tgt is None else flops_to_reach(_curve_xy(ref.curve), tgt)
+      return (None if ref is None or tgt is None
+              else flops_to_reach(_curve_xy(ref.curve, scored_on), tgt))
 
+    # A recovery arm without a target (`degrade`, which only sets the recovery up) is not a route
+    # to compare with recover_grpo.
     saving_total = [1 - r.total_flops / ref_runs[r.seed].total_flops
                     if r.seed in ref_runs and ref_runs[r.seed].total_flops and r.flops_by_phase
+                    and not (group == "recovery" and tgt_of[r.seed] is None)
                     else None for r in runs]
     saving_reach = [1 - f / ref_reach(r.seed) if f is not None and ref_reach(r.seed) else None
                     for r, f in zip(runs, reach)]
@@ -132,6 +171,11 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
             [r.distill_flops / r.expert_flops if r.expert_flops else None for r in runs]),
         "notes": sorted({r.note for r in runs if r.note}),
     }
+    if scored_on is not None:
+      out["arms"][name] |= {
+          "accuracy_recover_domain": _mean_std([r.final["accuracy"].get(rec_d) for r in runs]),
+          "response_length_recover_domain": _mean_std([r.final.get("length", {}).get(rec_d)
+                                                       for r in runs])}
   return out
 
 
@@ -146,21 +190,29 @@ def _fmt(ms: dict, scale: float = 1.0, pct: bool = False) -> str:
 
 def format_table(report: dict) -> str:
   """Plain-text tables: the main arms (matched targets per seed), then the recovery arms."""
-  cols = ["arm", "heldout acc", "per domain", "train FLOPs", "FLOPs to target", "saving@target",
-          "saving total", "distill/experts", "resp len"]
+  rec_d = report.get("recover_domain")
   out = []
   for group, title in (("main", "Arms (matched target {t}, mean over seeds; savings vs {r})"),
                        ("recovery", "Self-teacher recovery (target {t}, mean over seeds; "
-                                    "savings vs {r})")):
+                                    "savings vs {r})" if rec_d is None else
+                                    f"Self-teacher recovery of {rec_d} (target {{t}} on {rec_d}, "
+                                    "mean over seeds; savings vs {r})")):
     arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
     if not arms:
       continue
+    # Recovery arms are compared on the recovered domain, so `degrade` is shown on it too.
+    on = rec_d if group == "recovery" else None
+    cols = ["arm", "heldout acc" if on is None else f"{on} acc", "per domain", "train FLOPs",
+            "FLOPs to target", "saving@target", "saving total", "distill/experts",
+            "resp len" if on is None else f"{on} resp len"]
+    acc_key, len_key = (("accuracy_mean", "response_length") if on is None else
+                        ("accuracy_recover_domain", "response_length_recover_domain"))
     rows = []
     for name, a in arms.items():
       per = " ".join(f"{d}={_fmt(v, pct=True)}" for d, v in a["accuracy"].items())
       trained = a["flops_total"]["mean"] is not None
       reach = a["flops_to_target"]
-      if not trained:
+      if not trained or a["target_accuracy"] is None:  # no target (`degrade`): nothing to reach
         reach_s = "-"
       elif reach["mean"] is None:
         reach_s = "never reached"
@@ -168,12 +220,12 @@ def format_table(report: dict) -> str:
         reach_s = "0 (starts above target)" if reach["mean"] == 0 else _fmt(reach)
         if reach["missing"]:
           reach_s += f" ({reach['missing']} seed(s) never)"
-      rows.append([name, _fmt(a["accuracy_mean"], pct=True), per,
+      rows.append([name, _fmt(a[acc_key], pct=True), per,
                    _fmt(a["flops_total"]) if trained else "- (not charged)", reach_s,
                    _fmt(a["saving_vs_reference_at_target"], pct=True),
                    _fmt(a["saving_vs_reference_total"], pct=True),
                    _fmt(a["distillation_share_of_experts"], pct=True),
-                   _fmt(a["response_length"])])
+                   _fmt(a[len_key])])
     widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
     line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
     tgt = next((a["target_accuracy"] for a in arms.values() if a["target_accuracy"] is not None),
@@ -204,36 +256,57 @@ def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[
               "saving_vs_reference_at_target": a["saving_vs_reference_at_target"],
               "distillation_share_of_experts": a["distillation_share_of_experts"],
               "response_length": a["response_length"]}
+      flat |= {k: a[k] for k in ("accuracy_recover_domain", "response_length_recover_domain")
+               if k in a}
       flat |= {f"accuracy/{d}": v for d, v in a["accuracy"].items()}
       flat |= {f"flops/{p}": v for p, v in a["flops_by_phase"].items()}
       for metric, v in flat.items():
         w.writerow([name, metric, v["mean"], v["std"], v["n"]])
   with open(paths["table"], "w") as f:
     f.write(format_table(report) + "\n")
-  plot_curves(arms, report.get("target_by_seed") or report["target_accuracy"], paths["plot"])
+  plot_curves(arms, report.get("target_by_seed") or report["target_accuracy"], paths["plot"],
+              recover_domain=report.get("recover_domain"))
   return paths
 
 
-def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: str) -> None:
+def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None) -> dict:
+  """What each panel of the plot draws: {group: {"ylabel", "series": [(arm, seed, flops, acc %)]}}.
+
+  "main": the mean held-out accuracy over domains. "recovery": every arm's accuracy on the
+  recovered domain (`recover_domain_of`), `degrade` included, so the panel holds one quantity.
+  """
+  rec_d = recover_domain_of(arms, recover_domain)
+  out = {}
+  for group in ("main", "recovery"):
+    on = rec_d if group == "recovery" else None
+    series = [(a.arm, a.seed, [p["flops"] for p in a.curve],
+               [100 * _score(p, on) for p in a.curve])
+              for a in arms if a.group == group and a.curve]
+    if series:
+      out[group] = {"series": series, "domain": on, "ylabel": "held-out accuracy (%), " + (
+          "mean over domains" if on is None else f"{on} (the recovered domain)")}
+  return out
+
+
+def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: str, *,
+                recover_domain: str | None = None) -> None:
   """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed; the
-  recovery arms (self-teacher study, scored on the recovered domain only) in a second panel.
-  `targets`: the matched target per seed ({seed: accuracy}) or one shared value."""
+  recovery arms (self-teacher study), `degrade` included, in a second panel on the recovered
+  domain's accuracy (`curve_series`). `targets`: the matched target per seed ({seed: accuracy})
+  or one shared value."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  groups = [g for g in ("main", "recovery") if any(a.group == g and a.curve for a in arms)]
-  fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(8 * max(len(groups), 1), 5),
+  panels = curve_series(arms, recover_domain=recover_domain)
+  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(8 * max(len(panels), 1), 5),
                            squeeze=False)
   colors: dict[str, str] = {}
-  for ax, group in zip(axes[0], groups):
+  for ax, (group, panel) in zip(axes[0], panels.items()):
     labelled = set()
-    for a in arms:
-      if a.group != group or not a.curve:
-        continue
-      c = colors.setdefault(a.arm, f"C{len(colors) % 10}")
-      ax.plot([p["flops"] for p in a.curve], [100 * p["mean"] for p in a.curve], "-o", color=c,
-              ms=3, alpha=0.9, label=None if a.arm in labelled else a.arm)
-      labelled.add(a.arm)
+    for arm, _, xs, ys in panel["series"]:
+      c = colors.setdefault(arm, f"C{len(colors) % 10}")
+      ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
+      labelled.add(arm)
     if group == "main" and targets is not None:
       values = sorted(set(targets.values())) if isinstance(targets, dict) else [targets]
       for i, t in enumerate(values):
@@ -241,12 +314,12 @@ def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: s
                    label=("matched target" + (" per seed" if len(values) > 1 else ""))
                    if i == 0 else None)
     ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)")
-    ax.set_ylabel("held-out accuracy (%), " + ("mean over domains" if group == "main"
-                                              else "recovered domain"))
-    ax.set_title("Held-out accuracy vs training FLOPs" if group == "main"
-                 else "Self-teacher recovery")
+    ax.set_ylabel(panel["ylabel"])
+    ax.set_title("Held-out accuracy vs training FLOPs" if group == "main" else
+                 "Self-teacher recovery" + (f" of {panel['domain']}" if panel["domain"] else ""))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, title=None if panel["domain"] is None
+              else f"accuracy on {panel['domain']}", title_fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

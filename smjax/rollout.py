@@ -23,7 +23,7 @@ give exactly the tokens G separate copies of the prompt would.
 
 FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and the
 separately jitted single decode step (the exact loop body) times the decode steps that ran.
-`analytic_forward_flops` gives the "useful" count; it lives here until smjax/flops.py grows one.
+The "useful" count is `smjax.flops.analytic_flops` of the real (unpadded) tokens.
 
 Legend: B rows (prompts x G), P prompt length (bucketed), T new tokens, S cache slots, V vocab,
 W stop-window length, X stop sequences, E eos ids.
@@ -42,7 +42,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from smjax import sharding as shd
-from smjax.flops import ProgramCall, shape_struct
+from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.sampling import filter_top_k_top_p, inverse_cdf, picked_logprob
 from smjax.models.transformer import KVCache, ModelConfig, Transformer, init_cache, lm_head
 
@@ -118,29 +118,18 @@ class FullSequence:
 
 # ------------------------------------------------------------------------------------ FLOPs
 
-def analytic_forward_flops(cfg: ModelConfig, *, tokens: float, context: float,
-                           logit_tokens: float | None = None) -> float:
-  """Useful forward FLOPs: 2·(non-embedding params)·tokens + 2·D·V per token whose logits are
-  computed (`logit_tokens`, default all) + 4·L·N·H·context per token for QK^T and PV, where
-  `context` is the mean number of keys a token attends to."""
-  logit_tokens = tokens if logit_tokens is None else logit_tokens
-  dense = 2.0 * cfg.num_params(include_embedding=False) * tokens
-  head = 2.0 * cfg.d_model * cfg.vocab_size * logit_tokens
-  attn = 4.0 * cfg.n_layers * cfg.n_heads * cfg.head_dim * context * tokens
-  return dense + head + attn
-
-
 def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, float]:
   """(prefill, decode) analytic FLOPs of the real tokens. Prefill: every prompt token once, logits
   at the last one. Decode: a row of completion length L forwards its first L-1 tokens, token j
   (0-based) attending to prompt_len + j + 1 keys."""
   p = np.asarray(prompt_lens, np.float64)
-  prefill = analytic_forward_flops(cfg, tokens=p.sum(), context=(p * (p + 1) / 2).sum() / p.sum(),
-                                   logit_tokens=len(p))
+  prefill = analytic_flops(cfg, tokens=p.sum(), context_len=(p * (p + 1) / 2).sum() / p.sum(),
+                           backward=False, logit_tokens=len(p))
   p_B = np.repeat(p, len(lengths_B) // len(p))
   fed_B = np.maximum(np.asarray(lengths_B, np.float64) - 1, 0)
   ctx = (fed_B * p_B + fed_B * (fed_B + 1) / 2).sum()
-  decode = analytic_forward_flops(cfg, tokens=fed_B.sum(), context=ctx / max(fed_B.sum(), 1))
+  decode = analytic_flops(cfg, tokens=fed_B.sum(), context_len=ctx / max(fed_B.sum(), 1),
+                          backward=False)
   return float(prefill), float(decode)
 
 

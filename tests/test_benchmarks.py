@@ -100,7 +100,7 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   drv.main(["--size", "tiny", "--prompts", "2", "--group-size", "2", "--prompt-len", "3", "6",
             "--completion-len", "4", "--reps", "1", "--warmup", "1", "--iter-reps", "1",
             "--iter-warmup", "1", "--skip-peer", "--envs-dir", str(tmp_path / "envs"),
-            "--out", str(out)])
+            "--matmul-size", "64", "--matmul-samples", "2", "--out", str(out)])
   res = json.loads(out.read_text())
   assert not (tmp_path / "envs").exists()  # --skip-peer creates no venv
   assert "trl" not in res and "speedup" not in res
@@ -109,6 +109,26 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   assert step["compiled_flops"] > 0 and np.isfinite(step["first_grad_norm"])
   assert step["first_grad_norm"] > 0  # rewards in the tiny batch are not all equal
   assert res["params"] > 0 and res["config"]["size"] == "tiny"
+  # The peak is sampled after the (only) smjax round; without a peer no goal figure is made up.
+  assert len(res["matmul_peak"]["runs_s"]) == 2 and res["matmul_peak"]["flops"] == 2 * 64 ** 3
+  roof = res["roofline"]
+  assert roof["step_flops"] == step["compiled_flops"] and "goal_fraction_of_peak" not in roof
+  assert roof["smjax_fraction_of_peak"] == pytest.approx(
+      step["compiled_flops"] / step["median_s"] / res["matmul_peak"]["flops_per_s"])
+
+
+def test_roofline_hand_values():
+  _load("grpo_step_vs_trl")  # puts benchmarks/ on sys.path
+  import _peer_smjax  # pylint: disable=import-outside-toplevel
+  # 40 GFLOP on a 200 GFLOP/s peak: 0.2 s floor. smjax 0.4 s = 50 %; the peer 0.5 s = 40 %; a
+  # step 2x faster than the peer (0.25 s) would need 40 * 2 / 0.5 / 200 = 80 % of the peak.
+  r = _peer_smjax.roofline(step_flops=40e9, peak_flops_per_s=200e9, smjax_s=0.4, peer_s=0.5,
+                           goal=2.0)
+  assert r["floor_s"] == pytest.approx(0.2)
+  assert r["smjax_fraction_of_peak"] == pytest.approx(0.5)
+  assert r["peer_fraction_of_peak"] == pytest.approx(0.4)
+  assert r["goal_step_s"] == pytest.approx(0.25)
+  assert r["goal_fraction_of_peak"] == pytest.approx(0.8)
 
 
 def test_tunix_driver_parses_its_arguments():

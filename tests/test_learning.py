@@ -3,18 +3,26 @@
 Toy `math` at difficulty 0 (single-digit a+b, scored numerically by the domain's verifier; the
 held-out operand pairs are never trained on). A tiny char model is weakly warmed up with 60 SFT
 steps (~40% held-out greedy pass@1 on this CPU). Then:
-- GRPO (150 steps, 16 prompts x 8) must raise held-out accuracy by at least 10 points
-  (measured 2026-11-30: 41% -> 60%);
+- GRPO (150 steps, 16 prompts x 8) must raise the held-out *sampled* accuracy by at least 5 points;
 - full-vocabulary OPD (100 steps) from that GRPO expert into the warmed-up base student must
-  recover at least half of the expert's gain over the base (measured: 41% -> 59%, 95% of it), and
-  its teacher FLOPs must be counted.
-The margins are the measured gains with room for run-to-run differences between CPUs.
+  recover at least half of the expert's sampled-accuracy gain, and its teacher FLOPs must be
+  counted.
+
+Sampled accuracy: the fraction correct of 16 temperature-1 samples of each of the 20 distinct
+held-out prompts (320 samples; what GRPO optimises). Greedy pass@1 on so few distinct prompts
+moves in 5-point steps and swings with the trajectory: a one-ulp change in AdamW's rounding (a
+lax.cond non-finite guard, tried) moved the greedy result after 150 GRPO steps from 60% to
+47%, and four loop seeds gave 60/45/41/61%. The sampled metric over the same four seeds
+(2026-11-30, without that guard): base 29.1% -> experts 45.6 / 36.9 / 39.4 / 44.1% (+7.8 to +16.6
+points), OPD students recovering 89 / 64 / 127 / 58% of their expert's gain; with the lax.cond
+guard, this test's seed: expert +14.1 points, student 71%. The margins are below the worst of those.
 """
 
 import itertools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from smjax.domains import get_domain
@@ -27,6 +35,7 @@ from smjax.rl.teachers import Teacher, TeacherRouter
 from smjax.rollout import Sampler
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
+from smjax.train.batching import decode_completions, encode_prompt
 from smjax.train.evaluate import Evaluator
 from smjax.train.loop import RLLoopConfig, RLRun, run_sft
 
@@ -37,8 +46,22 @@ MATH = get_domain("math", difficulty=0)
 MAX_NEW = 5
 
 
+HELDOUT = MATH.generate("test", 128, seed=3)
+DISTINCT = list({e.prompt: e for e in HELDOUT}.values())  # 20 distinct operand pairs
+SAMPLES = 16
+
+
 def verify(rows, texts):
   return verify_batch(rows, texts, domains={"math": MATH})
+
+
+def sampled_accuracy(sampler, params) -> float:
+  """Fraction correct of SAMPLES temperature-1 completions of each distinct held-out prompt."""
+  prompts = [encode_prompt(TOK, e.prompt) for e in DISTINCT]
+  res = sampler.generate(params, prompts, jax.random.key(0), num_samples=SAMPLES,
+                         temperature=1.0)
+  rows = [e for e in DISTINCT for _ in range(SAMPLES)]
+  return float(np.mean(np.asarray(verify(rows, decode_completions(TOK, res))) >= 1.0))
 
 
 def _stream(seed, n):
@@ -49,8 +72,7 @@ def _stream(seed, n):
 @pytest.fixture(scope="module")
 def setup():
   sampler = Sampler(CFG, max_new_tokens=MAX_NEW, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
-  evaluator = Evaluator(sampler, TOK, {"math": MATH.generate("test", 128, seed=3)}, verify,
-                        batch_size=128)
+  evaluator = Evaluator(sampler, TOK, {"math": HELDOUT}, verify, batch_size=128)
   return sampler, evaluator
 
 
@@ -75,7 +97,8 @@ def _run(algo, params, sampler, evaluator, *, steps, router=None):
   else:
     step = steps_lib.jit_step(steps_lib.make_opd_step(
         MODEL, tx, steps_lib.OPDConfig(objective="full_vocab", impl="xla")))
-  loop = RLLoopConfig(steps=steps, prompts_per_step=16, samples_per_prompt=8 if algo == "grpo" else 4,
+  loop = RLLoopConfig(steps=steps, prompts_per_step=16,
+                      samples_per_prompt=8 if algo == "grpo" else 4,
                       max_new_tokens=MAX_NEW, eval_every_steps=steps, progress=False,
                       seed=1 if algo == "grpo" else 2)
   run = RLRun(name=algo, algo=algo, loop=loop, step=step, sampler=sampler, tokenizer=TOK,
@@ -90,25 +113,28 @@ def expert(setup, base):
   return _run("grpo", base[0], sampler, evaluator, steps=150)
 
 
-def test_grpo_raises_heldout_accuracy_on_toy_math(base, expert):
+def test_grpo_raises_heldout_accuracy_on_toy_math(setup, base, expert):
+  sampler, _ = setup
   base_acc = base[1]
   before, after = expert.curve[0]["mean"], expert.curve[-1]["mean"]
   assert before == base_acc
   assert 0.1 <= before <= 0.7, f"the warmed-up base should be partly right, got {before}"
-  assert after >= before + 0.10, (before, after)
+  gain = sampled_accuracy(sampler, expert.state.params) - sampled_accuracy(sampler, base[0])
+  assert gain >= 0.05, gain
+  assert after >= before - 0.05, (before, after)  # greedy: noisy (module docstring), not worse
   assert expert.ledger.by_phase()["train/policy"] > 0
 
 
 def test_opd_from_grpo_expert_recovers_most_of_its_gain(setup, base, expert):
   sampler, evaluator = setup
-  params, base_acc = base
-  teacher_acc = expert.curve[-1]["mean"]
+  params = base[0]
   router = TeacherRouter(CFG, [Teacher("expert", CFG, expert.state.params, ("math",))],
                          want_logits=True)
   result = _run("opd", params, sampler, evaluator, steps=100, router=router)
-  after = result.curve[-1]["mean"]
-  gain = teacher_acc - base_acc
-  assert gain >= 0.10, (base_acc, teacher_acc)
-  assert after - base_acc >= 0.5 * gain, (base_acc, after, teacher_acc)
+  base_s = sampled_accuracy(sampler, params)
+  teacher_s = sampled_accuracy(sampler, expert.state.params)
+  student_s = sampled_accuracy(sampler, result.state.params)
+  assert teacher_s - base_s >= 0.05, (base_s, teacher_s)
+  assert student_s - base_s >= 0.5 * (teacher_s - base_s), (base_s, student_s, teacher_s)
   phases = result.ledger.by_phase()
   assert phases["train/teacher"] > 0 and phases["train/policy"] > 0

@@ -84,8 +84,14 @@ def test_step_with_micro_batches_same_and_too_small_keep_is_caught():
   for a, b in zip(jax.tree.leaves(new[0].params), jax.tree.leaves(new[1].params)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
   sd = st.make_grpo_step(model, tx, st.GRPOConfig(group_size=4, impl="xla", logits_to_keep=C - 1))
-  _, m = jax.jit(sd.step)(create_state(params, tx), batch)
+  s0 = create_state(params, tx)
+  s1, m = jax.jit(sd.step)(s0, batch)
   assert float(m["finite"]) == 0 and float(m["tokens_outside_logits"]) > 0
+  # A non-finite step is skipped: parameters, Adam moments and the step counter are unchanged.
+  assert int(s1.step) == 0
+  for a, b in zip(jax.tree.leaves((s0.params, s0.opt_state)),
+                  jax.tree.leaves((s1.params, s1.opt_state))):
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
   with pytest.raises(ValueError, match="logits_to_keep"):
     st.make_grpo_step(model, tx, st.GRPOConfig(group_size=4, logits_to_keep=T + 1)).step(
         create_state(params, tx), batch)

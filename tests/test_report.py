@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from smjax.report import ArmResult, build_report, format_table, write_report
+from smjax.report import ArmResult, build_report, curve_series, format_table, write_report
 
 
 def _curve(points):
@@ -104,3 +104,78 @@ def test_target_is_per_seed_base_plus_fraction_of_reference_gain():
   assert rep["target_accuracy"] == pytest.approx(0.62)
   assert rep["arms"]["joint_grpo"]["flops_to_target"]["mean"] == pytest.approx(135.0)
   assert rep["arms"]["joint_grpo"]["reached_target"] == [True, True]
+
+
+def _recovery_arms(seed=0):
+  """The self-teacher arms as experiment.py stores them: `degrade` evaluated on both domains (its
+  mean differs from its math accuracy), recover_* on the recovered domain (math) alone."""
+  degrade = ArmResult("degrade", seed, [
+      {"flops": 0.0, "accuracy": {"math": .60, "code": .40}, "mean": .50,
+       "length": {"math": 3.0, "code": 5.0}},
+      {"flops": 100.0, "accuracy": {"math": .30, "code": .70}, "mean": .50,
+       "length": {"math": 2.0, "code": 6.0}}], {"train/policy": 100.0}, group="recovery")
+
+  def math_only(points):
+    return [{"flops": f, "accuracy": {"math": a}, "mean": a, "length": {"math": 4.0}}
+            for f, a in points]
+  return [degrade,
+          ArmResult("recover_self", seed, math_only([(0, .30), (10, .50)]),
+                    {"train/teacher": 10.0}, group="recovery", target=0.4),
+          ArmResult("recover_grpo", seed, math_only([(0, .30), (100, .50)]),
+                    {"train/policy": 100.0}, group="recovery", target=0.4)]
+
+
+def test_degrade_arm_is_shown_on_the_recovered_domain(tmp_path):
+  arms = _recovery_arms() + _arms()
+  rep = build_report(arms)
+  assert rep["recover_domain"] == "math"  # the one domain every recovery arm is scored on
+  assert build_report(arms, recover_domain="math")["arms"] == rep["arms"]
+  d = rep["arms"]["degrade"]
+  assert d["accuracy_recover_domain"]["mean"] == pytest.approx(0.30)  # not its mean, 0.50
+  assert d["accuracy_mean"]["mean"] == pytest.approx(0.50)
+  assert d["response_length_recover_domain"]["mean"] == 2.0  # math only, not (2 + 6) / 2
+  assert d["target_accuracy"] is None and d["flops_to_target"]["mean"] is None
+  # It only sets the recovery up: no saving against recover_grpo (100 FLOPs each would say 0 %).
+  assert d["saving_vs_reference_total"]["mean"] is None
+  assert rep["arms"]["recover_self"]["saving_vs_reference_total"]["mean"] == pytest.approx(0.9)
+  r = rep["arms"]["recover_self"]
+  assert r["accuracy_recover_domain"]["mean"] == pytest.approx(0.50)
+  assert r["flops_to_target"]["mean"] == pytest.approx(5.0)  # .3 -> .5 over 10: .4 at 5
+  assert "accuracy_recover_domain" not in rep["arms"]["joint_grpo"]
+  # The recovery table: one accuracy column, on math, for every row; degrade has no target.
+  table = format_table(rep)
+  recovery = table[table.index("Self-teacher recovery of math (target 40.0% on math"):]
+  _, header, _, *rows = [line for line in recovery.splitlines() if line]
+  assert header.split()[:3] == ["arm", "math", "acc"] and "math resp len" in header
+  row = {line.split()[0]: line.split() for line in rows}
+  assert row["degrade"][1] == "30.0%" and row["degrade"][-1] == "2"
+  assert row["degrade"][2:4] == ["code=70.0%", "math=30.0%"]
+  assert "never reached" not in row["degrade"] and "50.0%" not in row["degrade"]
+  assert row["recover_self"][1] == "50.0%" and row["recover_grpo"][1] == "50.0%"
+  # The plot's panels: the main one on the mean, the recovery one on math for every arm.
+  panels = curve_series(arms)
+  assert "math" in panels["recovery"]["ylabel"] and "mean" in panels["main"]["ylabel"]
+  series = {arm: ys for arm, _, _, ys in panels["recovery"]["series"]}
+  assert series["degrade"] == pytest.approx([60.0, 30.0])
+  assert series["recover_self"] == pytest.approx([30.0, 50.0])
+  main = {arm: ys for arm, _, _, ys in panels["main"]["series"]}
+  assert main["split_merge"] == pytest.approx([20.0, 50.0, 60.0])  # (0.7 + 0.5) / 2 at the end
+  paths = write_report(rep, arms, str(tmp_path))
+  csv_rows = open(paths["csv"]).read().splitlines()
+  assert "degrade,accuracy_recover_domain,0.3,0.0,1" in csv_rows
+  assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
+
+
+def test_recovery_targets_are_read_on_the_given_domain():
+  # A recovery arm also evaluated on code: on math (0.1 -> 0.5 over 100 FLOPs) it reaches the
+  # target 0.3 at 50; its mean (0.3 -> 0.5) is at the target from the start.
+  both = [{"flops": 0.0, "accuracy": {"math": .1, "code": .5}, "mean": .3},
+          {"flops": 100.0, "accuracy": {"math": .5, "code": .5}, "mean": .5}]
+  arm = ArmResult("recover_self", 0, both, {"train/teacher": 100.0}, group="recovery", target=0.3)
+  on_math = build_report([arm], reference_arm=None, recover_domain="math")
+  assert on_math["arms"]["recover_self"]["flops_to_target"]["mean"] == pytest.approx(50.0)
+  on_mean = build_report([arm], reference_arm=None)  # shares two domains: the mean is used
+  assert on_mean["recover_domain"] is None
+  assert on_mean["arms"]["recover_self"]["flops_to_target"]["mean"] == 0.0
+  with pytest.raises(ValueError, match="recover_domain='gsm8k'"):
+    build_report([arm], reference_arm=None, recover_domain="gsm8k")

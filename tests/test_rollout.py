@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from hf_models import tiny_hf_model
 from smjax import rollout as ro
+from smjax.flops import analytic_flops
 from smjax.models import hf
 from smjax.models.transformer import ModelConfig, Transformer, init_params
 
@@ -308,6 +309,16 @@ def test_deterministic_per_key_and_no_recompile(tiny):
   assert (ro._prefill._cache_size(), ro._decode_loop._cache_size()) == sizes
 
 
+def _hand_forward_flops(cfg, *, tokens, context, logit_tokens=None):
+  """Forward FLOPs written out from the dims: 2 per weight of q, k, v, o and the 3 MLP matrices a
+  token multiplies, 2·D·V per token whose logits are computed, 4·N·H per layer and attended key."""
+  d, n, k, h, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+  logit_tokens = tokens if logit_tokens is None else logit_tokens
+  layer = d * n * h + d * k * h + d * k * h + n * h * d + 3 * d * f
+  return (2 * cfg.n_layers * layer * tokens + 2 * d * cfg.vocab_size * logit_tokens
+          + 4 * cfg.n_layers * n * h * context * tokens)
+
+
 def test_program_flops_match_analytic(tiny):
   cfg, params = tiny
   prompts = _tiny_prompts(9)
@@ -315,22 +326,32 @@ def test_program_flops_match_analytic(tiny):
                                                           num_samples=G)
   pre, dec = res.program_calls
   rows, slots = 4 * G, 8 + 16 - 1
-  padded = ro.analytic_forward_flops(cfg, tokens=rows, context=slots)
+  padded = _hand_forward_flops(cfg, tokens=rows, context=slots)
   assert 0.8 * padded < dec.flops_per_call() < 2.0 * padded, (dec.flops_per_call(), padded)
   assert dec.calls == 15 and dec.flops() == dec.flops_per_call() * 15
   # The prefill call's arguments lower as recorded; HLO-level cost (no compile needed here).
   pre_flops = pre.fn.lower(*pre.args, **pre.kwargs).cost_analysis()["flops"]
-  prefill_padded = ro.analytic_forward_flops(cfg, tokens=4 * 8, context=4.5, logit_tokens=4)
+  prefill_padded = _hand_forward_flops(cfg, tokens=4 * 8, context=4.5, logit_tokens=4)
   assert 0.8 * prefill_padded < pre_flops, (pre_flops, prefill_padded)
   # useful: real tokens only; each row forwards 15 decode tokens, token j attending to L + j + 1.
   L = np.repeat([len(p) for p in prompts], G).astype(float)
   ctx = (15 * L + 15 * 16 / 2).sum()
-  assert dec.useful == pytest.approx(ro.analytic_forward_flops(cfg, tokens=rows * 15,
-                                                               context=ctx / (rows * 15)))
-  assert pre.useful == pytest.approx(ro.analytic_forward_flops(
+  assert dec.useful == pytest.approx(_hand_forward_flops(cfg, tokens=rows * 15,
+                                                         context=ctx / (rows * 15)))
+  assert pre.useful == pytest.approx(_hand_forward_flops(
       cfg, tokens=sum(map(len, prompts)),
       context=sum(len(p) * (len(p) + 1) / 2 for p in prompts) / sum(map(len, prompts)),
       logit_tokens=4))
+
+
+def test_forward_flops_count_used_by_rollout_and_teachers():
+  # rollout's and the teachers' useful FLOPs: smjax.flops.analytic_flops(backward=False).
+  cfg = ModelConfig(vocab_size=100, d_model=8, n_layers=3, n_heads=4, n_kv_heads=2, head_dim=4,
+                    d_ff=20, qkv_bias=True, qk_norm=True)
+  # per layer: q 8*16 + k,v 2*8*8 + o 16*8 + mlp 3*8*20 = 864 weights (biases, norms not counted)
+  want = 2 * 3 * 864 * 10 + 2 * 8 * 100 * 2 + 4 * 3 * 16 * 10 * 5.5
+  assert analytic_flops(cfg, tokens=10, context_len=5.5, backward=False, logit_tokens=2) == want
+  assert _hand_forward_flops(cfg, tokens=10, context=5.5, logit_tokens=2) == want
 
 
 _MESH_SCRIPT = r"""

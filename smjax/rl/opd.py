@@ -39,114 +39,114 @@ _F32 = jnp.float32
 
 def aggregate(loss_BT, mask_BT, *, aggregation="token_mean", num_valid_tokens=None,
               num_sequences=None, max_len=None):
-    """Scalar loss from per-token losses over valid tokens (masked entries may be NaN/inf).
+  """Scalar loss from per-token losses over valid tokens (masked entries may be NaN/inf).
 
-    token_mean: sum / num_valid_tokens (default: this batch's count). seq_mean_token_mean: mean
-    over non-empty rows of each row's token mean. seq_mean_token_sum_norm: mean over non-empty
-    rows of token sum / max_len (default T). Normalisers are clamped to >= 1 (empty batch -> 0).
-    """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
-    if max_len is not None and (not isinstance(max_len, numbers.Integral) or max_len < 1):
-        raise ValueError(f"{max_len=} must be a positive int (seq_mean_token_sum_norm)")
-    valid = mask_BT > 0
-    dtype = jnp.promote_types(loss_BT.dtype, _F32)
-    row_sum_B = jnp.sum(jnp.where(valid, loss_BT.astype(dtype), 0.0), axis=1)
-    n_B = jnp.sum(valid, axis=1).astype(dtype)
-    if aggregation == "token_mean":
-        norm = jnp.sum(n_B) if num_valid_tokens is None else num_valid_tokens
-        return jnp.sum(row_sum_B) / jnp.maximum(norm, 1)
-    seqs = jnp.sum(n_B > 0).astype(dtype) if num_sequences is None else num_sequences
-    seqs = jnp.maximum(seqs, 1)
-    if aggregation == "seq_mean_token_mean":
-        return jnp.sum(row_sum_B / jnp.maximum(n_B, 1.0)) / seqs
-    return jnp.sum(row_sum_B) / (float(max_len or loss_BT.shape[1]) * seqs)
+  token_mean: sum / num_valid_tokens (default: this batch's count). seq_mean_token_mean: mean
+  over non-empty rows of each row's token mean. seq_mean_token_sum_norm: mean over non-empty
+  rows of token sum / max_len (default T). Normalisers are clamped to >= 1 (empty batch -> 0).
+  """
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
+  if max_len is not None and (not isinstance(max_len, numbers.Integral) or max_len < 1):
+    raise ValueError(f"{max_len=} must be a positive int (seq_mean_token_sum_norm)")
+  valid = mask_BT > 0
+  dtype = jnp.promote_types(loss_BT.dtype, _F32)
+  row_sum_B = jnp.sum(jnp.where(valid, loss_BT.astype(dtype), 0.0), axis=1)
+  n_B = jnp.sum(valid, axis=1).astype(dtype)
+  if aggregation == "token_mean":
+    norm = jnp.sum(n_B) if num_valid_tokens is None else num_valid_tokens
+    return jnp.sum(row_sum_B) / jnp.maximum(norm, 1)
+  seqs = jnp.sum(n_B > 0).astype(dtype) if num_sequences is None else num_sequences
+  seqs = jnp.maximum(seqs, 1)
+  if aggregation == "seq_mean_token_mean":
+    return jnp.sum(row_sum_B / jnp.maximum(n_B, 1.0)) / seqs
+  return jnp.sum(row_sum_B) / (float(max_len or loss_BT.shape[1]) * seqs)
 
 
 def _masked_mean(x_BT, mask_BT):
-    valid = mask_BT > 0
-    return jnp.sum(jnp.where(valid, x_BT, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
+  valid = mask_BT > 0
+  return jnp.sum(jnp.where(valid, x_BT, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
 def sampled_advantages(student_logp_BT, teacher_logp_BT):
-    """A_t = -(log pi_s(y_t) - log pi_T(y_t)), stop-gradient, float32."""
-    return jax.lax.stop_gradient(teacher_logp_BT.astype(_F32) - student_logp_BT.astype(_F32))
+  """A_t = -(log pi_s(y_t) - log pi_T(y_t)), stop-gradient, float32."""
+  return jax.lax.stop_gradient(teacher_logp_BT.astype(_F32) - student_logp_BT.astype(_F32))
 
 
 def sampled_token_terms(student_logp_BT, old_logp_BT, teacher_logp_BT, mask_BT, *, eps_low,
                         eps_high):
-    """GRPO's per-token clipped terms (grpo.TokenTerms) with the OPD advantage."""
-    adv_BT = sampled_advantages(student_logp_BT, teacher_logp_BT)
-    return grpo.token_terms(student_logp_BT.astype(_F32), old_logp_BT.astype(_F32), None,
-                            adv_BT, mask_BT, eps_low=eps_low, eps_high=eps_high, beta=0.0,
-                            kl_estimator="k1")
+  """GRPO's per-token clipped terms (grpo.TokenTerms) with the OPD advantage."""
+  adv_BT = sampled_advantages(student_logp_BT, teacher_logp_BT)
+  return grpo.token_terms(student_logp_BT.astype(_F32), old_logp_BT.astype(_F32), None,
+                          adv_BT, mask_BT, eps_low=eps_low, eps_high=eps_high, beta=0.0,
+                          kl_estimator="k1")
 
 
 def full_vocab_kl(student_logits_BTV, teacher_logits_BTV, *, impl="auto", block_sizes=None,
                   chunk_tokens=None, mesh=None):
-    """Exact per-token reverse KL [B, T] (float32); see smjax.kernels.reverse_kl.reverse_kl.
+  """Exact per-token reverse KL [B, T] (float32); see smjax.kernels.reverse_kl.reverse_kl.
 
-    On a multi-device mesh (`mesh`, or the one set by jax.set_mesh) the Pallas kernel runs per
-    device under shard_map (smjax.sharded_kernels): XLA does not partition a pallas_call.
-    """
-    from smjax import sharded_kernels  # lazy: sharded_kernels imports the kernels and grpo
-    return sharded_kernels.reverse_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
-                                      block_sizes=block_sizes, chunk_tokens=chunk_tokens,
-                                      mesh=mesh)
+  On a multi-device mesh (`mesh`, or the one set by jax.set_mesh) the Pallas kernel runs per
+  device under shard_map (smjax.sharded_kernels): XLA does not partition a pallas_call.
+  """
+  from smjax import sharded_kernels  # lazy: sharded_kernels imports the kernels and grpo
+  return sharded_kernels.reverse_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
+                                    block_sizes=block_sizes, chunk_tokens=chunk_tokens,
+                                    mesh=mesh)
 
 
 def top_k_kl(student_logits_BTV, teacher_logits_BTV, *, k):
-    """Per-token KL [B, T] between student and teacher renormalised over the student's top k."""
-    s_BTV = student_logits_BTV.astype(_F32)
-    s_BTK, idx_BTK = jax.lax.top_k(s_BTV, k)
-    t_BTK = jnp.take_along_axis(teacher_logits_BTV, idx_BTK, axis=-1).astype(_F32)
-    t_BTK = jax.lax.stop_gradient(t_BTK)  # the teacher is a fixed target here
-    log_qs_BTK = jax.nn.log_softmax(s_BTK, axis=-1)
-    log_qt_BTK = jax.nn.log_softmax(t_BTK, axis=-1)
-    return jnp.sum(jnp.exp(log_qs_BTK) * (log_qs_BTK - log_qt_BTK), axis=-1)
+  """Per-token KL [B, T] between student and teacher renormalised over the student's top k."""
+  s_BTV = student_logits_BTV.astype(_F32)
+  s_BTK, idx_BTK = jax.lax.top_k(s_BTV, k)
+  t_BTK = jnp.take_along_axis(teacher_logits_BTV, idx_BTK, axis=-1).astype(_F32)
+  t_BTK = jax.lax.stop_gradient(t_BTK)  # the teacher is a fixed target here
+  log_qs_BTK = jax.nn.log_softmax(s_BTK, axis=-1)
+  log_qt_BTK = jax.nn.log_softmax(t_BTK, axis=-1)
+  return jnp.sum(jnp.exp(log_qs_BTK) * (log_qs_BTK - log_qt_BTK), axis=-1)
 
 
 def _check_2d(name, x, mask_BT):
-    if x is not None and x.shape != mask_BT.shape:
-        raise ValueError(f"opd_loss: {name} shape {x.shape} must equal mask_BT shape "
-                         f"{mask_BT.shape}")
+  if x is not None and x.shape != mask_BT.shape:
+    raise ValueError(f"opd_loss: {name} shape {x.shape} must equal mask_BT shape "
+                     f"{mask_BT.shape}")
 
 
 def _check_args(objective, s_BTV, t_BTV, s_BT, old_BT, t_BT, tokens_BT, mask_BT, *, top_k,
                 eps_low, eps_high):
-    if objective not in OBJECTIVES:
-        raise ValueError(f"opd_loss: {objective=} must be one of {OBJECTIVES}")
-    if mask_BT.ndim != 2:
-        raise ValueError(f"opd_loss: mask_BT must be 2-D [B, T], got shape {mask_BT.shape}")
-    for name, x in (("student_logp_BT", s_BT), ("old_logp_BT", old_BT),
-                    ("teacher_logp_BT", t_BT), ("tokens_BT", tokens_BT)):
-        _check_2d(name, x, mask_BT)
-    for name, x in (("student_logits_BTV", s_BTV), ("teacher_logits_BTV", t_BTV)):
-        if x is not None and (x.ndim != 3 or x.shape[:2] != mask_BT.shape):
-            raise ValueError(f"opd_loss: {name} shape {x.shape} must be [B, T, V] with [B, T] = "
-                             f"mask_BT shape {mask_BT.shape}")
-    if s_BTV is not None and t_BTV is not None and s_BTV.shape[-1] != t_BTV.shape[-1]:
-        raise ValueError(
-            f"opd_loss: student vocab {s_BTV.shape[-1]} != teacher vocab {t_BTV.shape[-1]}: "
-            "the teacher must share the student's vocabulary")
-    if objective == "sampled":
-        for who, logp, logits in (("student", s_BT, s_BTV), ("teacher", t_BT, t_BTV)):
-            if logp is None and (logits is None or tokens_BT is None):
-                raise ValueError(f"opd_loss('sampled') needs {who}_logp_BT, or "
-                                 f"{who}_logits_BTV together with tokens_BT")
-        for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
-            if not isinstance(v, numbers.Real) or v < 0:
-                raise ValueError(f"opd_loss: {name}={v!r} must be a non-negative float")
-        if eps_low >= 1:
-            raise ValueError(f"opd_loss: {eps_low=} must be < 1 (clip range [1-eps_low, ...])")
-    else:
-        if s_BTV is None or t_BTV is None:
-            raise ValueError(f"opd_loss({objective!r}) needs student_logits_BTV and "
-                             "teacher_logits_BTV")
-    if objective == "top_k":
-        v = s_BTV.shape[-1]
-        if not isinstance(top_k, numbers.Integral) or not 1 <= top_k <= v:
-            raise ValueError(f"opd_loss: {top_k=} must be an int in [1, V={v}]")
+  if objective not in OBJECTIVES:
+    raise ValueError(f"opd_loss: {objective=} must be one of {OBJECTIVES}")
+  if mask_BT.ndim != 2:
+    raise ValueError(f"opd_loss: mask_BT must be 2-D [B, T], got shape {mask_BT.shape}")
+  for name, x in (("student_logp_BT", s_BT), ("old_logp_BT", old_BT),
+                  ("teacher_logp_BT", t_BT), ("tokens_BT", tokens_BT)):
+    _check_2d(name, x, mask_BT)
+  for name, x in (("student_logits_BTV", s_BTV), ("teacher_logits_BTV", t_BTV)):
+    if x is not None and (x.ndim != 3 or x.shape[:2] != mask_BT.shape):
+      raise ValueError(f"opd_loss: {name} shape {x.shape} must be [B, T, V] with [B, T] = "
+                       f"mask_BT shape {mask_BT.shape}")
+  if s_BTV is not None and t_BTV is not None and s_BTV.shape[-1] != t_BTV.shape[-1]:
+    raise ValueError(
+        f"opd_loss: student vocab {s_BTV.shape[-1]} != teacher vocab {t_BTV.shape[-1]}: "
+        "the teacher must share the student's vocabulary")
+  if objective == "sampled":
+    for who, logp, logits in (("student", s_BT, s_BTV), ("teacher", t_BT, t_BTV)):
+      if logp is None and (logits is None or tokens_BT is None):
+        raise ValueError(f"opd_loss('sampled') needs {who}_logp_BT, or "
+                         f"{who}_logits_BTV together with tokens_BT")
+    for name, v in (("eps_low", eps_low), ("eps_high", eps_high)):
+      if not isinstance(v, numbers.Real) or v < 0:
+        raise ValueError(f"opd_loss: {name}={v!r} must be a non-negative float")
+    if eps_low >= 1:
+      raise ValueError(f"opd_loss: {eps_low=} must be < 1 (clip range [1-eps_low, ...])")
+  else:
+    if s_BTV is None or t_BTV is None:
+      raise ValueError(f"opd_loss({objective!r}) needs student_logits_BTV and "
+                       "teacher_logits_BTV")
+  if objective == "top_k":
+    v = s_BTV.shape[-1]
+    if not isinstance(top_k, numbers.Integral) or not 1 <= top_k <= v:
+      raise ValueError(f"opd_loss: {top_k=} must be an int in [1, V={v}]")
 
 
 def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
@@ -154,67 +154,67 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
              mask_BT, aggregation="token_mean", num_valid_tokens=None, num_sequences=None,
              max_len=None, eps_low=0.2, eps_high=0.2, top_k=32, impl="auto", block_sizes=None,
              chunk_tokens=None, mesh=None):
-    """OPD loss and metrics: (scalar loss, aux dict of float scalars).
+  """OPD loss and metrics: (scalar loss, aux dict of float scalars).
 
-    objective: "sampled" | "full_vocab" | "top_k" (module docstring).
-    sampled needs student_logp_BT (differentiable) and teacher_logp_BT, or the logits plus
-      tokens_BT to compute them; old_logp_BT is the behaviour (sampler) log-probs, default the
-      stop-gradient of student_logp_BT (strictly on-policy, rho = 1).
-    full_vocab / top_k need student_logits_BTV (differentiable) and teacher_logits_BTV [B, T, V]
-      at the positions that predict each token; logits must be finite everywhere (masked too).
-    tokens_BT (optional): the sampled tokens, for the log-prob metrics of the logit objectives.
-    mask_BT: 1/True on completion tokens. impl, block_sizes, chunk_tokens: for reverse_kl.
-    aux: loss; reverse_kl (mean per valid token of the objective's KL: the sampled estimate
-      log pi_s - log pi_T for "sampled", exact for "full_vocab", top-k for "top_k");
-      student_logp / teacher_logp (mean log-prob of the sampled tokens; NaN if not computable);
-      num_valid_tokens, num_sequences; sampled adds ratio_mean, clip_frac, advantage_mean;
-      top_k adds reverse_kl_full (exact KL) and top_k_mass (student mass on its top k).
-    """
-    _check_args(objective, student_logits_BTV, teacher_logits_BTV, student_logp_BT, old_logp_BT,
-                teacher_logp_BT, tokens_BT, mask_BT, top_k=top_k, eps_low=eps_low,
-                eps_high=eps_high)
-    if student_logp_BT is None and student_logits_BTV is not None and tokens_BT is not None:
-        student_logp_BT = token_logprobs(student_logits_BTV, tokens_BT)
-    if teacher_logp_BT is None and teacher_logits_BTV is not None and tokens_BT is not None:
-        teacher_logp_BT = token_logprobs(jax.lax.stop_gradient(teacher_logits_BTV), tokens_BT)
-    agg = dict(aggregation=aggregation, num_valid_tokens=num_valid_tokens,
-               num_sequences=num_sequences, max_len=max_len)
-    sg = jax.lax.stop_gradient
-    aux = {}
-    if objective == "sampled":
-        old = sg(student_logp_BT) if old_logp_BT is None else old_logp_BT
-        terms = sampled_token_terms(student_logp_BT, old, teacher_logp_BT, mask_BT,
-                                    eps_low=eps_low, eps_high=eps_high)
-        loss = aggregate(terms.loss, mask_BT, **agg)
-        kl_BT = -sampled_advantages(student_logp_BT, teacher_logp_BT)
-        aux["ratio_mean"] = _masked_mean(sg(terms.ratio), mask_BT)
-        aux["clip_frac"] = _masked_mean((terms.clip_low | terms.clip_high).astype(_F32), mask_BT)
-        aux["advantage_mean"] = _masked_mean(-kl_BT, mask_BT)
-    elif objective == "full_vocab":
-        kl_BT = full_vocab_kl(student_logits_BTV, teacher_logits_BTV, impl=impl, mesh=mesh,
-                              block_sizes=block_sizes, chunk_tokens=chunk_tokens)
-        loss = aggregate(kl_BT, mask_BT, **agg)
-    else:
-        kl_BT = top_k_kl(student_logits_BTV, teacher_logits_BTV, k=top_k)
-        loss = aggregate(kl_BT, mask_BT, **agg)
-        s = sg(student_logits_BTV)
-        full_BT = full_vocab_kl(s, sg(teacher_logits_BTV), impl=impl, mesh=mesh, block_sizes=block_sizes,
-                                chunk_tokens=chunk_tokens)
-        aux["reverse_kl_full"] = _masked_mean(full_BT, mask_BT)
-        s32 = s.astype(_F32)
-        mass_BT = jnp.exp(jax.nn.logsumexp(jax.lax.top_k(s32, top_k)[0], axis=-1)
-                          - jax.nn.logsumexp(s32, axis=-1))
-        aux["top_k_mass"] = _masked_mean(mass_BT, mask_BT)
-    valid = mask_BT > 0
-    nan = jnp.array(jnp.nan, _F32)
-    aux.update(
-        loss=sg(loss),
-        reverse_kl=_masked_mean(sg(kl_BT), mask_BT),
-        student_logp=nan if student_logp_BT is None else _masked_mean(sg(student_logp_BT),
-                                                                       mask_BT),
-        teacher_logp=nan if teacher_logp_BT is None else _masked_mean(sg(teacher_logp_BT),
-                                                                      mask_BT),
-        num_valid_tokens=jnp.sum(valid).astype(_F32),
-        num_sequences=jnp.sum(jnp.any(valid, axis=1)).astype(_F32),
-    )
-    return loss, aux
+  objective: "sampled" | "full_vocab" | "top_k" (module docstring).
+  sampled needs student_logp_BT (differentiable) and teacher_logp_BT, or the logits plus
+    tokens_BT to compute them; old_logp_BT is the behaviour (sampler) log-probs, default the
+    stop-gradient of student_logp_BT (strictly on-policy, rho = 1).
+  full_vocab / top_k need student_logits_BTV (differentiable) and teacher_logits_BTV [B, T, V]
+    at the positions that predict each token; logits must be finite everywhere (masked too).
+  tokens_BT (optional): the sampled tokens, for the log-prob metrics of the logit objectives.
+  mask_BT: 1/True on completion tokens. impl, block_sizes, chunk_tokens: for reverse_kl.
+  aux: loss; reverse_kl (mean per valid token of the objective's KL: the sampled estimate
+    log pi_s - log pi_T for "sampled", exact for "full_vocab", top-k for "top_k");
+    student_logp / teacher_logp (mean log-prob of the sampled tokens; NaN if not computable);
+    num_valid_tokens, num_sequences; sampled adds ratio_mean, clip_frac, advantage_mean;
+    top_k adds reverse_kl_full (exact KL) and top_k_mass (student mass on its top k).
+  """
+  _check_args(objective, student_logits_BTV, teacher_logits_BTV, student_logp_BT, old_logp_BT,
+              teacher_logp_BT, tokens_BT, mask_BT, top_k=top_k, eps_low=eps_low,
+              eps_high=eps_high)
+  if student_logp_BT is None and student_logits_BTV is not None and tokens_BT is not None:
+    student_logp_BT = token_logprobs(student_logits_BTV, tokens_BT)
+  if teacher_logp_BT is None and teacher_logits_BTV is not None and tokens_BT is not None:
+    teacher_logp_BT = token_logprobs(jax.lax.stop_gradient(teacher_logits_BTV), tokens_BT)
+  agg = dict(aggregation=aggregation, num_valid_tokens=num_valid_tokens,
+             num_sequences=num_sequences, max_len=max_len)
+  sg = jax.lax.stop_gradient
+  aux = {}
+  if objective == "sampled":
+    old = sg(student_logp_BT) if old_logp_BT is None else old_logp_BT
+    terms = sampled_token_terms(student_logp_BT, old, teacher_logp_BT, mask_BT,
+                                eps_low=eps_low, eps_high=eps_high)
+    loss = aggregate(terms.loss, mask_BT, **agg)
+    kl_BT = -sampled_advantages(student_logp_BT, teacher_logp_BT)
+    aux["ratio_mean"] = _masked_mean(sg(terms.ratio), mask_BT)
+    aux["clip_frac"] = _masked_mean((terms.clip_low | terms.clip_high).astype(_F32), mask_BT)
+    aux["advantage_mean"] = _masked_mean(-kl_BT, mask_BT)
+  elif objective == "full_vocab":
+    kl_BT = full_vocab_kl(student_logits_BTV, teacher_logits_BTV, impl=impl, mesh=mesh,
+                          block_sizes=block_sizes, chunk_tokens=chunk_tokens)
+    loss = aggregate(kl_BT, mask_BT, **agg)
+  else:
+    kl_BT = top_k_kl(student_logits_BTV, teacher_logits_BTV, k=top_k)
+    loss = aggregate(kl_BT, mask_BT, **agg)
+    s = sg(student_logits_BTV)
+    full_BT = full_vocab_kl(s, sg(teacher_logits_BTV), impl=impl, mesh=mesh,
+                            block_sizes=block_sizes, chunk_tokens=chunk_tokens)
+    aux["reverse_kl_full"] = _masked_mean(full_BT, mask_BT)
+    s32 = s.astype(_F32)
+    mass_BT = jnp.exp(jax.nn.logsumexp(jax.lax.top_k(s32, top_k)[0], axis=-1)
+                      - jax.nn.logsumexp(s32, axis=-1))
+    aux["top_k_mass"] = _masked_mean(mass_BT, mask_BT)
+  valid = mask_BT > 0
+  nan = jnp.array(jnp.nan, _F32)
+  aux.update(
+      loss=sg(loss),
+      reverse_kl=_masked_mean(sg(kl_BT), mask_BT),
+      student_logp=nan if student_logp_BT is None else _masked_mean(sg(student_logp_BT),
+                                                                     mask_BT),
+      teacher_logp=nan if teacher_logp_BT is None else _masked_mean(sg(teacher_logp_BT),
+                                                                    mask_BT),
+      num_valid_tokens=jnp.sum(valid).astype(_F32),
+      num_sequences=jnp.sum(jnp.any(valid, axis=1)).astype(_F32),
+  )
+  return loss, aux

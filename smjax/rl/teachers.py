@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smjax.flops import ProgramCall, shape_struct
+from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.models.transformer import ModelConfig, Transformer
-from smjax.rollout import analytic_forward_flops
 from smjax.train.steps import SequenceBatch, make_logits_fn, make_logprob_fn
 
 
@@ -112,8 +111,9 @@ class TeacherRouter:
       scores = self._fns[i](t.params, sub)
       out = out.at[rows].set(scores[:rows.size].astype(jnp.float32))
       real_tokens = float(np.asarray(batch.attn_mask_BS)[rows].sum())
-      useful = analytic_forward_flops(t.cfg, tokens=real_tokens,
-                                      context=(batch.tokens_BS.shape[1] + 1) / 2)
+      useful = float(analytic_flops(t.cfg, tokens=real_tokens,
+                                    context_len=(batch.tokens_BS.shape[1] + 1) / 2,
+                                    backward=False))
       calls.append(ProgramCall("train/teacher", self._fns[i],
                                (jax.tree.map(shape_struct, t.params),
                                 jax.tree.map(shape_struct, sub)), calls=1, useful=useful))

@@ -72,6 +72,11 @@ def create_state(params, tx: optax.GradientTransformation) -> TrainState:
   return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
 
-def create_sharded_state(params, tx: optax.GradientTransformation) -> TrainState:
-  """`create_state` jitted, so moments are created on the devices of (sharded) params, not host."""
-  return jax.jit(lambda p: create_state(p, tx))(params)
+def create_sharded_state(params, tx: optax.GradientTransformation, shardings=None) -> TrainState:
+  """`create_state` jitted, so the state is created on the devices, not on the host.
+
+  On a mesh pass `shardings` (a TrainState of shardings, e.g. from
+  `smjax.sharding.abstract_train_state`), the same ones the step is jitted with: without them XLA
+  picks the new arrays' shardings itself (it made Adam's moments replicated on an fsdp mesh, where
+  the step then returned them sharded, recompiling the step on its second call)."""
+  return jax.jit(lambda p: create_state(p, tx), out_shardings=shardings)(params)
