@@ -15,6 +15,8 @@ import time
 import numpy as np
 import pytest
 
+from study_runs import phase_result, training_flops
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MINI = [
@@ -56,15 +58,6 @@ def study(tmp_path_factory, cache):
   return wd, r
 
 
-def _result(wd, phase):
-  with open(os.path.join(wd, "seed_0", phase, "result.json")) as f:
-    return json.load(f)
-
-
-def _training(ledger):
-  return {p: v for p, v in ledger["flops"].items() if p.split("/")[0] in ("rollout", "train")}
-
-
 def test_report_fields_and_files(study):
   wd, run = study
   rep = json.load(open(os.path.join(wd, "report", "report.json")))
@@ -91,29 +84,29 @@ def test_report_fields_and_files(study):
 def test_flop_totals_add_up_across_phases(study):
   wd, _ = study
   rep = json.load(open(os.path.join(wd, "report", "report.json")))
-  experts = [_result(wd, f"expert_{d}") for d in ("math", "code")]
-  mopd = _result(wd, "mopd")
-  for res in experts + [mopd, _result(wd, "joint_grpo")]:
+  experts = [phase_result(wd, f"expert_{d}") for d in ("math", "code")]
+  mopd = phase_result(wd, "mopd")
+  for res in experts + [mopd, phase_result(wd, "joint_grpo")]:
     led = res["ledger"]
     # Per-phase totals equal the sum of the per-call records.
     sums = {}
     for r in led["records"]:
       sums[r["phase"]] = sums.get(r["phase"], 0) + r["flops_per_call"] * r["calls"]
     assert sums == {p: v for p, v in led["flops"].items()}
-  expert_total = sum(sum(_training(r["ledger"]).values()) for r in experts)
-  mopd_total = sum(_training(mopd["ledger"]).values())
+  expert_total = sum(sum(training_flops(r["ledger"]).values()) for r in experts)
+  mopd_total = sum(training_flops(mopd["ledger"]).values())
   sm = rep["arms"]["split_merge"]
   assert sm["flops_total"]["mean"] == pytest.approx(expert_total + mopd_total, rel=1e-12)
   assert sm["distillation_share_of_experts"]["mean"] == pytest.approx(mopd_total / expert_total)
-  assert _training(mopd["ledger"]).get("train/teacher", 0) > 0
+  assert training_flops(mopd["ledger"]).get("train/teacher", 0) > 0
   # MOPD's curve starts where the experts finished.
   assert mopd["curve"][0]["flops"] == pytest.approx(expert_total)
-  joint = _result(wd, "joint_grpo")
+  joint = phase_result(wd, "joint_grpo")
   assert rep["arms"]["joint_grpo"]["flops_total"]["mean"] == pytest.approx(
-      sum(_training(joint["ledger"]).values()))
+      sum(training_flops(joint["ledger"]).values()))
   assert "train/teacher" not in joint["ledger"]["flops"]
   assert all(p.startswith("base/") or p.startswith("eval/")
-             for p in _result(wd, "base")["ledger"]["flops"])
+             for p in phase_result(wd, "base")["ledger"]["flops"])
 
 
 def test_finished_phases_are_not_run_again(study, cache):
@@ -149,8 +142,8 @@ def test_changing_a_later_phase_reuses_the_phases_it_does_not_touch(study, cache
   assert r.returncode == 0, r.stderr[-2000:]
   assert all(mtime(p) == before[p] for p in kept)
   assert mtime("external_opd") > before["external_opd"]
-  assert _result(wd, "external_opd")["config"]["external"]["steps"] == 3
-  assert len(_result(wd, "external_opd")["curve"]) >= 2
+  assert phase_result(wd, "external_opd")["config"]["external"]["steps"] == 3
+  assert len(phase_result(wd, "external_opd")["curve"]) >= 2
 
 
 def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):
@@ -213,7 +206,7 @@ def test_kill9_grpo_and_opd_resume_exactly(tmp_path, cache):
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from its checkpoint" in r.stderr
   for phase in ("expert_math", "mopd"):
-    a, b = _result(ref, phase), _result(wd, phase)
+    a, b = phase_result(ref, phase), phase_result(wd, phase)
     assert a["ledger"]["flops"] == b["ledger"]["flops"], phase
     assert a["curve"] == b["curve"], phase
     for x, y in zip(_final_params(ref, phase), _final_params(wd, phase)):

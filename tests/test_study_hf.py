@@ -20,6 +20,8 @@ import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from study_runs import phase_result, training_flops
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAD, EOS, UNK = "<|endoftext|>", "<|im_end|>", "<unk>"
 EXTRA_MODEL_VOCAB = 5   # Qwen2.5 pads its embedding past the tokenizer (151936 vs 151665)
@@ -115,15 +117,6 @@ def study(tmp_path_factory, hf_dir, data, cache):
   return str(wd), r
 
 
-def _result(wd, phase):
-  with open(os.path.join(wd, "seed_0", phase, "result.json")) as f:
-    return json.load(f)
-
-
-def _training(ledger):
-  return {p: v for p, v in ledger["flops"].items() if p.split("/")[0] in ("rollout", "train")}
-
-
 def _expected_params(state_dict):
   """Our parameter layout, written out here from the HF tensors (independent of smjax.models.hf)."""
   sd = state_dict
@@ -175,7 +168,7 @@ def test_report_arms_and_flops_add_up(study):
     a = rep["arms"][arm]
     assert len(a["accuracy"]) == 2 and all(0.0 <= v["mean"] <= 1.0 for v in a["accuracy"].values())
     assert a["flops_total"]["mean"] > 0 and a["response_length"]["mean"] > 0
-  results = {p: _result(wd, p) for p in ["base", "joint_grpo", "mopd"] + experts}
+  results = {p: phase_result(wd, p) for p in ["base", "joint_grpo", "mopd"] + experts}
   for phase, res in results.items():
     led = res["ledger"]
     assert led["flops"] and all(v > 0 for v in led["flops"].values()), (phase, led["flops"])
@@ -187,15 +180,15 @@ def test_report_arms_and_flops_add_up(study):
   assert set(results["base"]["ledger"]["flops"]) == {"eval/heldout"}
   for phase in ["joint_grpo"] + experts:
     assert {"rollout/prefill", "rollout/decode", "train/policy"} <= set(
-        _training(results[phase]["ledger"])), phase
-  assert _training(results["mopd"]["ledger"]).get("train/teacher", 0) > 0
-  expert_total = sum(sum(_training(results[e]["ledger"]).values()) for e in experts)
-  mopd_total = sum(_training(results["mopd"]["ledger"]).values())
+        training_flops(results[phase]["ledger"])), phase
+  assert training_flops(results["mopd"]["ledger"]).get("train/teacher", 0) > 0
+  expert_total = sum(sum(training_flops(results[e]["ledger"]).values()) for e in experts)
+  mopd_total = sum(training_flops(results["mopd"]["ledger"]).values())
   sm = rep["arms"]["split_merge"]
   assert sm["flops_total"]["mean"] == pytest.approx(expert_total + mopd_total, rel=1e-12)
   assert sm["distillation_share_of_experts"]["mean"] == pytest.approx(mopd_total / expert_total)
   assert rep["arms"]["joint_grpo"]["flops_total"]["mean"] == pytest.approx(
-      sum(_training(results["joint_grpo"]["ledger"]).values()), rel=1e-12)
+      sum(training_flops(results["joint_grpo"]["ledger"]).values()), rel=1e-12)
 
 
 def test_base_phase_is_the_hf_checkpoint(study, hf_dir):
