@@ -9,10 +9,14 @@ What is timed here:
   on the fixed batch of `_peer_common.make_step_batch` (forward over prompt + completion, the LM
   head and log-probs on the completion positions only (`GRPOConfig.logits_to_keep`, as TRL's
   `logits_to_keep`), GRPO loss from rewards, backward, grad-norm clip, AdamW): median of `reps`
-  calls after `warmup`.
+  calls after `warmup`. The peers' computation, token for token.
+- step_shared_prompt: the same step with `GRPOConfig.shared_prompt_rows = G`: each prompt's
+  forward runs once for its G completions (smjax.train.steps docstring). The same loss, gradient
+  and update (its first loss and gradient norm are checked against the peer's too) with fewer
+  FLOPs; neither peer does this.
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the
-  host, `rollout_batch`, and the same compiled step (the fixed batch is padded to the sampler's
-  prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
+  host, `rollout_batch`, and the compiled shared-prompt step (the fixed batch is padded to the
+  sampler's prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
 """
 
 from __future__ import annotations
@@ -61,26 +65,29 @@ class Side:
   """smjax's GRPO step for a saved model, compiled once (ahead of time) for the batch shape that
   both the fixed step batch and the sampler's rollouts have, and shared by both measurements."""
 
-  def __init__(self, model_dir: str, batch_np: dict, *, group_size: int, lr: float):
+  def __init__(self, model_dir: str, batch_np: dict, *, group_size: int, lr: float,
+               shared_prompt_rows: int = 1):
     import jax  # pylint: disable=import-outside-toplevel
     from smjax.flops import executable_flops  # pylint: disable=import-outside-toplevel
     from smjax.models import hf  # pylint: disable=import-outside-toplevel
     from smjax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-    from smjax.train import steps  # pylint: disable=import-outside-toplevel
+    from smjax.train import scoring, steps  # pylint: disable=import-outside-toplevel
     self.cfg, self.params = hf.load_params(model_dir)
     self.tx = _optimizer(lr)
+    self.shared_prompt_rows = shared_prompt_rows
     model = Transformer(self.cfg)
     # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
     # those only; the step makes the loss NaN if a loss-mask token fell outside them.
     grpo_cfg = steps.GRPOConfig(group_size=group_size, advantage_mode="grpo", eps_low=0.2,
                                 eps_high=0.28, beta=0.0, aggregation="token_mean",
-                                logits_to_keep=batch_np["completion_BC"].shape[1])
+                                logits_to_keep=batch_np["completion_BC"].shape[1],
+                                shared_prompt_rows=shared_prompt_rows)
     step = steps.jit_step(steps.make_grpo_step(model, self.tx, grpo_cfg))
     batch = sequence_batch(batch_np)
     # Behaviour log-probs of the same parameters: ratios start at exactly the on-policy 1, as the
     # peers' (TRL and Tunix take the detached current log-probs when iterating once per batch).
     self.batch = batch.replace(
-        old_logp_BT=jax.jit(steps.make_logprob_fn(model))(self.params, batch))
+        old_logp_BT=jax.jit(scoring.make_logprob_fn(model))(self.params, batch))
     t0 = time.perf_counter()
     self.step = step.fn.lower(self.fresh_state(), self.batch).compile()
     self.compile_s = time.perf_counter() - t0
@@ -118,7 +125,9 @@ def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
              first_grad_norm=float(first_metrics["grad_norm"]),
              what="jit_step(make_grpo_step): forward over prompt+completion, LM head on the "
                   "completion positions (logits_to_keep), GRPO loss from rewards (token_mean), "
-                  "backward, global-norm clip 1.0, AdamW")
+                  "backward, global-norm clip 1.0, AdamW"
+                  + (f"; each prompt's forward once for its {side.shared_prompt_rows} rows "
+                     "(shared_prompt_rows)" if side.shared_prompt_rows > 1 else ""))
   return out
 
 
@@ -173,8 +182,7 @@ def parse_args(description: str, peer: str, argv=None):
   ap.add_argument("--warmup", type=int, default=2, help="untimed steps (compiled ahead of time)")
   ap.add_argument("--iter-reps", type=int, default=3, help="timed sampling+update iterations")
   ap.add_argument("--iter-warmup", type=int, default=1)
-  ap.add_argument("--modes", nargs="+", default=["step", "iteration"],
-                  choices=["step", "iteration"])
+  ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
   ap.add_argument("--lr", type=float, default=1e-6)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--threads", type=int, default=0,
@@ -192,7 +200,7 @@ def parse_args(description: str, peer: str, argv=None):
 
 
 def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
-             peer_s: float | None, goal: float) -> dict:
+             peer_s: float | None, goal: float, shared: tuple[float, float] | None = None) -> dict:
   """Where the step times sit against the machine's matmul peak (all rates of the same work:
   smjax's compiled step FLOPs, which the peer's step also does, the check of the first loss
   and gradient norm says so).
@@ -201,7 +209,10 @@ def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
   step on this machine (the step's FLOPs are nearly all in matmuls, most of them smaller than the
   peak's, which run slower; elementwise work, the attention softmax and AdamW only add time).
   `goal_fraction_of_peak`: the share of the peak a step `goal` times faster than the peer would
-  have to sustain; above 1 the goal cannot be met on this machine."""
+  have to sustain; above 1 the goal cannot be met on this machine.
+
+  `shared` = (FLOPs, seconds) of the shared-prompt step, which does less work for the same update:
+  its own fraction of the peak, and the fraction its FLOPs would need at the goal."""
   out = dict(step_flops=step_flops, peak_flops_per_s=peak_flops_per_s,
              floor_s=step_flops / peak_flops_per_s,
              smjax_fraction_of_peak=step_flops / smjax_s / peak_flops_per_s, goal=goal)
@@ -209,24 +220,37 @@ def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
     out.update(peer_fraction_of_peak=step_flops / peer_s / peak_flops_per_s,
                goal_step_s=peer_s / goal,
                goal_fraction_of_peak=step_flops * goal / peer_s / peak_flops_per_s)
+  if shared is not None:
+    flops, seconds = shared
+    out.update(shared_step_flops=flops, shared_fraction_of_peak=flops / seconds / peak_flops_per_s)
+    if peer_s is not None:
+      out["shared_goal_fraction_of_peak"] = flops * goal / peer_s / peak_flops_per_s
   return out
 
 
-def _smjax_round(side: Side, args, prompts, bucket: int, label: str, peak) -> dict:
-  """Both smjax measurements once (the compiled step and the sampler are reused across rounds),
-  then `args.matmul_samples` samples of the matmul peak (`peak`, train_mfu.MatmulPeak)."""
+# The smjax measurements: mode -> (which Side, how it is timed). Peers time "step" and "iteration".
+MODES = ("step", "step_shared_prompt", "iteration")
+PEER_MODE = {"step": "step", "step_shared_prompt": "step", "iteration": "iteration"}
+
+
+def _smjax_round(sides: dict, args, prompts, bucket: int, label: str, peak) -> dict:
+  """Every smjax measurement of `args.modes` once (`sides`: "plain" and "shared" Sides; the
+  compiled steps and the sampler are reused across rounds), then `args.matmul_samples` samples of
+  the matmul peak (`peak`, train_mfu.MatmulPeak)."""
   import os  # pylint: disable=import-outside-toplevel
   ours = {"loadavg": os.getloadavg()}
-  if "step" in args.modes:
-    ours["step"] = s = step_bench(side, reps=args.reps, warmup=args.warmup)
-    print(f"  smjax step      ({label}): {s['median_s'] * 1e3:8.1f} ms  "
-          f"({s['compiled_flops'] / 1e9:.1f} GFLOP, {s['gflops_per_s']:.1f} GFLOP/s; compile "
-          f"{s['compile_s']:.1f} s)")
+  for mode in ("step", "step_shared_prompt"):
+    if mode in args.modes:
+      side = sides["plain" if mode == "step" else "shared"]
+      ours[mode] = s = step_bench(side, reps=args.reps, warmup=args.warmup)
+      print(f"  smjax {mode:18s} ({label}): {s['median_s'] * 1e3:8.1f} ms  "
+            f"({s['compiled_flops'] / 1e9:.1f} GFLOP, {s['gflops_per_s']:.1f} GFLOP/s; compile "
+            f"{s['compile_s']:.1f} s)")
   if "iteration" in args.modes:
     ours["iteration"] = s = iteration_bench(
-        side, prompts, group_size=args.group_size, completion_len=args.completion_len,
+        sides["shared"], prompts, group_size=args.group_size, completion_len=args.completion_len,
         prompt_bucket=bucket, reps=args.iter_reps, warmup=args.iter_warmup, seed=args.seed)
-    print(f"  smjax iteration ({label}): {s['median_s'] * 1e3:8.1f} ms  (first call "
+    print(f"  smjax {'iteration':18s} ({label}): {s['median_s'] * 1e3:8.1f} ms  (first call "
           f"{s['first_call_s']:.1f} s, the first round's incl. the sampler's compile)")
   peak.sample(args.matmul_samples)
   return ours
@@ -273,10 +297,14 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
           f"{args.prompt_len[1]} tokens (left-padded to {P}), completions {C} tokens "
           f"(step batch: {int(batch['completion_mask_BC'].sum())} real completion tokens)")
 
-    side = Side(model_dir, batch, group_size=G, lr=args.lr)
+    sides = {}
+    if "step" in args.modes:
+      sides["plain"] = Side(model_dir, batch, group_size=G, lr=args.lr)
+    if {"step_shared_prompt", "iteration"} & set(args.modes):
+      sides["shared"] = Side(model_dir, batch, group_size=G, lr=args.lr, shared_prompt_rows=G)
     from train_mfu import MatmulPeak  # pylint: disable=import-outside-toplevel
     peak = MatmulPeak(args.matmul_size)
-    results["smjax"] = ours = _smjax_round(side, args, prompts, bucket, "before", peak)
+    results["smjax"] = ours = _smjax_round(sides, args, prompts, bucket, "before", peak)
     if args.skip_peer:
       print(f"--skip-peer: {peer} side not run")
     else:
@@ -284,41 +312,48 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
       spec = dict(size=args.size, model_dir=model_dir, batch_npz=batch_npz, prompts=prompts,
                   vocab=vocab, group_size=G, completion_len=C, prompt_len=list(args.prompt_len),
                   lr=args.lr, seed=args.seed, reps=args.reps, warmup=args.warmup,
-                  iter_reps=args.iter_reps, iter_warmup=args.iter_warmup, modes=args.modes)
+                  iter_reps=args.iter_reps, iter_warmup=args.iter_warmup,
+                  modes=sorted({PEER_MODE[m] for m in args.modes}))
       load = os.getloadavg()
       theirs = common.run_peer(python, os.path.join(os.path.dirname(__file__), peer_script),
                                spec, work, timeout_s=args.peer_timeout)
       results[peer] = dict(theirs, loadavg=load)
-      results["smjax_after_peer"] = after = _smjax_round(side, args, prompts, bucket, "after",
+      results["smjax_after_peer"] = after = _smjax_round(sides, args, prompts, bucket, "after",
                                                          peak)
       results["speedup"] = {}
       for mode in args.modes:
-        t = theirs[mode]["median_s"]
+        t = theirs[PEER_MODE[mode]]["median_s"]
         o = max(ours[mode]["median_s"], after[mode]["median_s"])
         results["speedup"][mode] = t / o
-        print(f"  {peer:5s} {mode:9s}: {t * 1e3:8.1f} ms  -> smjax is {t / o:.2f}x faster "
-              f"(against smjax's slower round, {o * 1e3:.1f} ms)\n"
-              f"      {peer}: {theirs[mode]['what']}")
-      if "step" in args.modes:
-        # Same weights, batch and advantages, ratio 1 on both sides: the first step's loss and
-        # pre-clip gradient norm must agree (to float32 rounding) if both compute the same update.
+        print(f"  {peer} {PEER_MODE[mode]:9s} {t * 1e3:8.1f} ms -> smjax {mode} is {t / o:.2f}x "
+              f"faster (against smjax's slower round, {o * 1e3:.1f} ms)\n"
+              f"      {peer}: {theirs[PEER_MODE[mode]]['what']}")
+      # Same weights, batch and advantages, ratio 1 on both sides: the first step's loss and
+      # pre-clip gradient norm must agree (to float32 rounding) if both compute the same update.
+      for mode in ("step", "step_shared_prompt"):
+        if mode not in args.modes:
+          continue
         check = {}
         for key in ("first_loss", "first_grad_norm"):
-          a, b = ours["step"][key], theirs["step"][key]
+          a, b = ours[mode][key], theirs["step"][key]
           check[key] = dict(smjax=a, peer=b, rel_diff=abs(a - b) / max(abs(b), 1e-30))
-        results["same_computation_check"] = check
-        print(f"  same computation check, first step: loss {check['first_loss']['smjax']:.7g} "
-              f"(smjax) / {check['first_loss']['peer']:.7g} ({peer}); pre-clip gradient norm "
-              f"{check['first_grad_norm']['smjax']:.7g} / {check['first_grad_norm']['peer']:.7g};"
-              f" relative differences {check['first_loss']['rel_diff']:.1e}, "
-              f"{check['first_grad_norm']['rel_diff']:.1e}")
+        results.setdefault("same_computation_check", {})[mode] = check
+        print(f"  same computation check ({mode}), first step: loss "
+              f"{check['first_loss']['smjax']:.7g} (smjax) / {check['first_loss']['peer']:.7g} "
+              f"({peer}); pre-clip gradient norm {check['first_grad_norm']['smjax']:.7g} / "
+              f"{check['first_grad_norm']['peer']:.7g}; relative differences "
+              f"{check['first_loss']['rel_diff']:.1e}, {check['first_grad_norm']['rel_diff']:.1e}")
     results["matmul_peak"] = peak.record()
     if "step" in args.modes:
-      slow = max(r["step"]["median_s"] for r in (ours, results.get("smjax_after_peer", ours)))
+      rounds = (ours, results.get("smjax_after_peer", ours))
+      slow = lambda mode: max(r[mode]["median_s"] for r in rounds)
       peer_s = results[peer]["step"]["median_s"] if peer in results else None
-      results["roofline"] = r = roofline(step_flops=side.flops,
+      shared = ((sides["shared"].flops, slow("step_shared_prompt"))
+                if "step_shared_prompt" in args.modes else None)
+      results["roofline"] = r = roofline(step_flops=sides["plain"].flops,
                                          peak_flops_per_s=results["matmul_peak"]["flops_per_s"],
-                                         smjax_s=slow, peer_s=peer_s, goal=goal)
+                                         smjax_s=slow("step"), peer_s=peer_s, goal=goal,
+                                         shared=shared)
       print(f"  roofline: matmul peak {r['peak_flops_per_s'] / 1e9:.1f} GFLOP/s "
             f"([{args.matmul_size}]^2 f32, this run); the step's {r['step_flops'] / 1e9:.1f} GFLOP "
             f"at that peak take {r['floor_s'] * 1e3:.1f} ms; smjax runs at "
@@ -327,6 +362,11 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
                f", {peer} at {r['peer_fraction_of_peak']:.0%}; a step {goal:g}x faster than "
                f"{peer} ({r['goal_step_s'] * 1e3:.1f} ms) would need "
                f"{r['goal_fraction_of_peak']:.0%}"))
+      if shared is not None:
+        print(f"  roofline, shared prompt: {r['shared_step_flops'] / 1e9:.1f} GFLOP for the same "
+              f"update, run at {r['shared_fraction_of_peak']:.0%} of the peak"
+              + ("" if peer_s is None else
+                 f"; {goal:g}x {peer} would need {r['shared_goal_fraction_of_peak']:.0%}"))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

@@ -143,6 +143,7 @@ def main(argv=None) -> dict:
   from smjax.flops import analytic_flops, executable_flops
   from smjax.models.transformer import Transformer, init_params
   from smjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
+  from smjax.train import scoring  # pylint: disable=import-outside-toplevel
   from smjax.train import steps as steps_lib  # pylint: disable=import-outside-toplevel
 
   cfg = model_config(args.size, args.seq)
@@ -176,7 +177,7 @@ def main(argv=None) -> dict:
       step_def = steps_lib.make_grpo_step(model, tx, steps_lib.GRPOConfig(
           group_size=args.group_size))
       # Behaviour log-probs from the same parameters (ratios start at 1, as on-policy).
-      old = jax.jit(steps_lib.make_logprob_fn(model))(params, grpo_batch)
+      old = jax.jit(scoring.make_logprob_fn(model))(params, grpo_batch)
       batch = grpo_batch.replace(old_logp_BT=old)
     state = state_lib.create_state(params, tx)
     t0 = time.perf_counter()

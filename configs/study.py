@@ -7,10 +7,11 @@ r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, pl
 Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
 seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
 
-Expected runtime on a 2-core CPU (measured 2026-11-30): demo 4 min (idle machine);
-two_domain,full about 75 min through `make study` (three seeds as parallel processes, machine
-shared with other jobs: 55 min with a 300-step external teacher, whose 1000 steps now add ~20);
-four_domain,full not yet run (estimate: twice two_domain). Expected result: README "The toy
+Expected runtime on a 2-core CPU (measured 2026-11-30, with the shared-prompt steps): demo 3 min
+43 s (idle machine); two_domain,full about an hour through `make study` (three seeds as parallel
+processes; every phase after the base and the external teacher took 18 min on a machine shared
+with tests, the two SFT phases most of the rest); four_domain,full not yet run (estimate: twice
+two_domain). Expected result: README "The toy
 study" (numbers measured with these configs, whatever they say about the paper's claims: at this
 scale joint GRPO beats split-then-merge per FLOP).
 """

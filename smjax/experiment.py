@@ -46,6 +46,7 @@ from smjax import phase_store
 from smjax.phase_store import PhaseOutput
 from smjax.study_config import TEACHER_EXTRA_TOKENS, check_lengths, validate
 from smjax.train import state as state_lib
+from smjax.train import scoring
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
 from smjax.train.loop import RLLoopConfig, RLRun, run_sft
@@ -109,8 +110,10 @@ class SeedContext:
         eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
         aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl,
         # Completions are the last max_new_tokens targets (the sampler pads to that width): the
-        # LM head never runs on prompt positions, whose logits no loss reads.
-        logits_to_keep=rl.max_new_tokens)
+        # LM head never runs on prompt positions, whose logits no loss reads; with shared_prompt
+        # each prompt's forward runs once for its samples_per_prompt rows (the sampler's order).
+        logits_to_keep=rl.max_new_tokens,
+        shared_prompt_rows=rl.samples_per_prompt if rl.shared_prompt else 1)
     self.grpo_step = steps_lib.jit_step(steps_lib.make_grpo_step(
         self.model, self.rl_tx, grpo_cfg, lr_schedule=state_lib.learning_rate_schedule(self.rl_opt),
         mesh=self.mesh), state_shardings=self.state_shardings(self.rl_tx))
@@ -120,11 +123,15 @@ class SeedContext:
     self.opd_cfg = steps_lib.OPDConfig(objective=o.objective, eps_low=o.eps_low,
                                        eps_high=o.eps_high, top_k=o.top_k,
                                        micro_batches=o.micro_batches, impl=o.impl,
-                                       logits_to_keep=rl.max_new_tokens)
+                                       logits_to_keep=rl.max_new_tokens,
+                                       shared_prompt_rows=(o.samples_per_prompt
+                                                           if o.shared_prompt else 1))
     self.opd_step = steps_lib.jit_step(steps_lib.make_opd_step(self.model, self.opd_tx,
                                                                self.opd_cfg, mesh=self.mesh),
                                        state_shardings=self.state_shardings(self.opd_tx))
-    self.ref_fn = jax.jit(steps_lib.make_logprob_fn(self.model)) if rl.beta else None
+    self.ref_fn = jax.jit(scoring.make_logprob_fn(
+        self.model, logits_to_keep=rl.max_new_tokens,
+        shared_prompt_rows=grpo_cfg.shared_prompt_rows)) if rl.beta else None
     self.eval_every_flops = self._load_eval_interval()
 
   # ------------------------------------------------------------------------------- helpers
@@ -138,6 +145,14 @@ class SeedContext:
     shards = sharding.param_shardings(abstract, param_logical_axes(cfg), self.mesh)
     return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         abstract, shards)
+
+  def teacher_router(self, teachers) -> TeacherRouter:
+    """OPD teachers scoring the student's samples as the OPD step reads them (the completion
+    columns only; each prompt once per block of rows with opd.shared_prompt)."""
+    return TeacherRouter(self.model_cfg, teachers,
+                         want_logits=self.config.opd.objective != "sampled",
+                         logits_to_keep=self.opd_cfg.logits_to_keep,
+                         shared_prompt_rows=self.opd_cfg.shared_prompt_rows)
 
   def state_shardings(self, tx, cfg=None):
     """The TrainState's shardings on the mesh (None on one device): parameters by their logical
@@ -377,8 +392,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]
       teachers = [Teacher(f"expert_{domains_lib.domain_label(d)}", ctx.model_cfg, x.params,
                           (d,))
                   for d, x in experts.items()]
-      router = TeacherRouter(ctx.model_cfg, teachers,
-                             want_logits=config.opd.objective != "sampled")
+      router = ctx.teacher_router(teachers)
       mopd = _rl_phase(ctx, "mopd", algo="opd", init_params_=base.params,
                        domains=config.domains, steps=config.mopd.steps, stream_seed=30,
                        flops_offset=expert_flops, router=router)
@@ -397,7 +411,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]
   if "external" in phases:
     t = Teacher("external", get_preset(config.external.teacher_preset), external.params,
                 tuple(config.domains))
-    router = TeacherRouter(ctx.model_cfg, [t], want_logits=config.opd.objective != "sampled")
+    router = ctx.teacher_router([t])
     ext = _rl_phase(ctx, "external_opd", algo="opd", init_params_=base.params,
                     domains=config.domains, steps=config.external.steps, stream_seed=40,
                     router=router)
@@ -426,8 +440,7 @@ def _self_teacher(ctx: SeedContext, joint: PhaseOutput, external: PhaseOutput, t
       "recover_grpo": ("grpo", None),
   }
   for i, (name, (algo, teacher)) in enumerate(routes.items()):
-    router = None if teacher is None else TeacherRouter(
-        ctx.model_cfg, [teacher], want_logits=ctx.config.opd.objective != "sampled")
+    router = None if teacher is None else ctx.teacher_router([teacher])
     out = _rl_phase(ctx, name, algo=algo, init_params_=degraded.params, domains=[rec_d],
                     steps=st.recover_steps, stream_seed=60 + i, router=router,
                     heldout_domains=[rec_d])

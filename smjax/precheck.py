@@ -24,6 +24,10 @@ The losses compile on their XLA paths (impl="xla"): the Pallas kernels would onl
 temporaries of the loss (the reverse-KL kernel never holds [tokens, V] probabilities), so the
 figure errs on the safe side. With --micro-batches > 1 XLA counts the accumulation loop's body
 once, so the printed FLOPs are one micro-batch's plus the update (the FLOP ledger multiplies).
+
+`--completion-len C` compiles the step as the study runs it: the LM head and loss on the last C
+positions only (`logits_to_keep`); with `--shared-prompt` each prompt's forward also runs once
+for its --group-size rows (`shared_prompt_rows`), the prompt being the first seq - C tokens.
 """
 
 from __future__ import annotations
@@ -93,7 +97,8 @@ def _abstract_batch(cfg, *, objective: str, batch: int, seq: int, beta: float):
 
 def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective: str = "grpo",
              group_size: int = 8, beta: float = 0.0, micro_batches: int = 1,
-             topology: str | None = None, hbm_gib: float | None = None) -> Verdict:
+             topology: str | None = None, hbm_gib: float | None = None,
+             completion_len: int = 0, shared_prompt: bool = False) -> Verdict:
   """Compiles the `objective` train step of model `cfg` for `mesh_shape` (see module docstring)
   and compares its per-device memory with `hbm_gib`. The devices must exist in this process:
   fake CPU devices are set up by `main`, or by XLA_FLAGS before jax starts."""
@@ -110,17 +115,25 @@ def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective
     raise ValueError(f"precheck: {objective=} must be one of {OBJECTIVES}")
   if seq < 2:
     raise ValueError(f"precheck: {seq=} must be >= 2 (one prompt token and one target)")
-  if objective == "grpo" and batch % group_size:
+  if (objective == "grpo" or shared_prompt) and batch % group_size:
     raise ValueError(f"precheck: {batch=} rows must be a multiple of {group_size=}")
+  if not 0 <= completion_len < seq:
+    raise ValueError(f"precheck: --completion-len {completion_len} must be in [0, seq={seq}) "
+                     "(0: the loss over every position)")
+  if shared_prompt and not completion_len:
+    raise ValueError("precheck: --shared-prompt needs --completion-len (the prompt is the first "
+                     "seq - completion_len tokens)")
   model = Transformer(cfg)
   tx = make_optimizer(OptimizerConfig())
+  window = dict(logits_to_keep=completion_len or None,
+                shared_prompt_rows=group_size if shared_prompt else 1)
   if objective == "grpo":
     step_def = st.make_grpo_step(model, tx, st.GRPOConfig(
-        group_size=group_size, beta=beta, micro_batches=micro_batches, impl="xla"))
+        group_size=group_size, beta=beta, micro_batches=micro_batches, impl="xla", **window))
   else:
     step_def = st.make_opd_step(model, tx, st.OPDConfig(
         objective=objective.removeprefix("opd-").replace("-", "_"), micro_batches=micro_batches,
-        impl="xla"))
+        impl="xla", **window))
   abstract_batch = _abstract_batch(cfg, objective=objective, batch=batch, seq=seq, beta=beta)
 
   cache = {}
@@ -141,19 +154,27 @@ def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective
       out_shardings=lambda mesh: (state_and_batch(mesh)[0], None))
   total = int(report.memory.get("total", 0))
   hbm = None if hbm_gib is None else int(hbm_gib * 2**30)
-  analytic = analytic_flops(cfg, tokens=batch * seq, context_len=seq, backward=True)
+  # Tokens through the body (a shared prompt once per group), logits on the kept positions only;
+  # every query counted against all seq keys (what the dense attention computes).
+  C = completion_len or seq
+  tokens = batch * C + (batch // group_size if shared_prompt else batch) * (seq - C)
+  analytic = analytic_flops(cfg, tokens=tokens, context_len=seq, backward=True,
+                            logit_tokens=batch * C)
   return Verdict(report, analytic, total, hbm, hbm is None or total <= hbm)
 
 
 def format_verdict(v: Verdict, *, cfg, batch: int, seq: int, objective: str,
-                   micro_batches: int = 1) -> str:
+                   micro_batches: int = 1, completion_len: int = 0,
+                   shared_prompt: bool = False) -> str:
   r = v.report
   gib = lambda b: f"{b / 2**30:.3f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"  # noqa: E731
   mem = r.memory
   lines = [r.summary().splitlines()[0],
            f"  step: {objective} update, model {cfg.name} ({cfg.n_layers} layers, "
            f"{cfg.num_params() / 1e6:,.1f}M params, params {cfg.param_dtype}, compute {cfg.dtype}),"
-           f" batch {batch} x seq {seq}",
+           f" batch {batch} x seq {seq}" + (
+               f", loss on the last {completion_len} positions" if completion_len else "") + (
+               ", each prompt once per group" if shared_prompt else ""),
            f"  flops: {r.flops:.4e} global, {r.flops_per_device:.4e} per device; analytic "
            f"6*N*tokens + attention = {v.analytic_flops:.4e} (measured/analytic "
            f"{r.flops / max(v.analytic_flops, 1):.3f})" + (
@@ -204,6 +225,11 @@ def main(argv=None) -> int:
   p.add_argument("--group-size", type=int, default=8)
   p.add_argument("--beta", type=float, default=0.0, help="GRPO KL weight (>0 adds ref log-probs)")
   p.add_argument("--micro-batches", type=int, default=1)
+  p.add_argument("--completion-len", type=int, default=0,
+                 help="LM head and loss on the last N positions only (0: all)")
+  p.add_argument("--shared-prompt", action="store_true",
+                 help="each prompt's forward once for its --group-size rows (needs "
+                      "--completion-len)")
   p.add_argument("--topology", default=None, help="TPU topology, e.g. v5p-128, v5e:8x8")
   p.add_argument("--hbm-gib", type=float, default=None,
                  help="per-device HBM to check against (default: the topology's)")
@@ -233,7 +259,8 @@ def main(argv=None) -> int:
     hbm = a.hbm_gib if a.hbm_gib is not None else default_hbm_gib(a.topology)
     verdict = precheck(cfg, mesh_shape=mesh_shape, batch=a.batch, seq=a.seq,
                        objective=a.objective, group_size=a.group_size, beta=a.beta,
-                       micro_batches=a.micro_batches, topology=topology, hbm_gib=hbm)
+                       micro_batches=a.micro_batches, topology=topology, hbm_gib=hbm,
+                       completion_len=a.completion_len, shared_prompt=a.shared_prompt)
   except ValueError as e:
     print(f"precheck: error: {e}", file=sys.stderr)
     return 2
@@ -242,7 +269,8 @@ def main(argv=None) -> int:
           f"axis must be a product of the torus axes ({str(e)[:200]})", file=sys.stderr)
     return 2
   print(format_verdict(verdict, cfg=cfg, batch=a.batch, seq=a.seq, objective=a.objective,
-                       micro_batches=a.micro_batches), flush=True)
+                       micro_batches=a.micro_batches, completion_len=a.completion_len,
+                       shared_prompt=a.shared_prompt), flush=True)
   return 0 if verdict.fits else 1
 
 

@@ -108,11 +108,18 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   assert step["median_s"] > 0 and it["median_s"] > 0
   assert step["compiled_flops"] > 0 and np.isfinite(step["first_grad_norm"])
   assert step["first_grad_norm"] > 0  # rewards in the tiny batch are not all equal
+  # The shared-prompt step takes the same update with fewer FLOPs.
+  shared = res["smjax"]["step_shared_prompt"]
+  assert shared["first_loss"] == pytest.approx(step["first_loss"], rel=1e-5, abs=1e-7)
+  assert shared["first_grad_norm"] == pytest.approx(step["first_grad_norm"], rel=1e-4)
+  assert 0 < shared["compiled_flops"] < step["compiled_flops"]
   assert res["params"] > 0 and res["config"]["size"] == "tiny"
   # The peak is sampled after the (only) smjax round; without a peer no goal figure is made up.
   assert len(res["matmul_peak"]["runs_s"]) == 2 and res["matmul_peak"]["flops"] == 2 * 64 ** 3
   roof = res["roofline"]
   assert roof["step_flops"] == step["compiled_flops"] and "goal_fraction_of_peak" not in roof
+  assert roof["shared_step_flops"] == shared["compiled_flops"]
+  assert "shared_goal_fraction_of_peak" not in roof
   assert roof["smjax_fraction_of_peak"] == pytest.approx(
       step["compiled_flops"] / step["median_s"] / res["matmul_peak"]["flops_per_s"])
 
@@ -129,6 +136,11 @@ def test_roofline_hand_values():
   assert r["peer_fraction_of_peak"] == pytest.approx(0.4)
   assert r["goal_step_s"] == pytest.approx(0.25)
   assert r["goal_fraction_of_peak"] == pytest.approx(0.8)
+  # A shared-prompt step of 30 GFLOP in 0.3 s: 50 % of the peak; at 2x the peer (0.25 s), 60 %.
+  r = _peer_smjax.roofline(step_flops=40e9, peak_flops_per_s=200e9, smjax_s=0.4, peer_s=0.5,
+                           goal=2.0, shared=(30e9, 0.3))
+  assert r["shared_fraction_of_peak"] == pytest.approx(0.5)
+  assert r["shared_goal_fraction_of_peak"] == pytest.approx(0.6)
 
 
 def test_tunix_driver_parses_its_arguments():

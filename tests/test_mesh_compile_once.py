@@ -46,13 +46,16 @@ def _config(**rl):
 # ------------------------------------------------------------------------ the subprocess
 
 def _batch(seed: int):
-  """A left-padded GRPO batch (numpy) whose completions fill the last T target columns."""
+  """A left-padded GRPO batch (numpy) whose completions fill the last T target columns; the G rows
+  of a group share their prompt (the study's step runs it once per group: rl.shared_prompt)."""
   from smjax.train.steps import SequenceBatch
   rng = np.random.default_rng(seed)
   S, V = P + T, 128
-  pads = rng.integers(0, 4, B)
+  pads = np.repeat(rng.integers(0, 4, B // G), G)
   attn = np.arange(S)[None, :] >= pads[:, None]
-  tokens = np.where(attn, rng.integers(3, V, (B, S)), 0).astype(np.int32)
+  ids = rng.integers(3, V, (B, S))
+  ids[:, :P] = np.repeat(ids[::G, :P], G, axis=0)
+  tokens = np.where(attn, ids, 0).astype(np.int32)
   positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
   loss_mask = np.zeros((B, S - 1), bool)
   loss_mask[:, -T:] = True

@@ -86,15 +86,33 @@ def test_within_budget_exits_0():
   assert "HBM: fits" in proc.stdout
 
 
+def test_shared_prompt_step_does_fewer_flops_as_counted():
+  """toy-tiny, 16 rows of 8 prompt + 24 completion tokens, groups of 8: the shared-prompt step's
+  measured FLOPs follow the analytic count of 16 x 24 + 2 x 8 body tokens (vs 16 x 32)."""
+  flops = {}
+  for extra in ((), ("--completion-len", "24"), ("--completion-len", "24", "--shared-prompt")):
+    proc = _precheck("--preset", "toy-tiny", "--mesh", "fsdp=2", "--batch", "16", "--seq", "32",
+                     "--group-size", "8", *extra)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    m = re.search(r"flops: ([0-9.e+]+) global.*analytic .* = ([0-9.e+]+) \(", proc.stdout)
+    flops[extra[-1] if extra else "full"] = measured, analytic = tuple(map(float, m.groups()))
+    assert 1.0 <= measured / analytic < 1.1, proc.stdout  # norms, softmax, loss, Adam add some
+  assert flops["--shared-prompt"][0] < flops["24"][0] < flops["full"][0]
+  assert "each prompt once per group" in proc.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (("--mesh", "data=8,pipeline=2"), "'pipeline=2' must be AXIS=INT"),
     (("--mesh", "data=-1"), "every axis size must be >= 1"),
     (("--mesh", "data=3", "--batch", "8"), "batch field tokens_BS has 8 rows, not divisible"),
     (("--batch", "12"), "batch=12 rows must be a multiple of group_size=8"),
+    (("--group-size", "8", "--shared-prompt"), "--shared-prompt needs --completion-len"),
+    (("--completion-len", "8"), "--completion-len 8 must be in [0, seq=8)"),
 ])
 def test_bad_arguments_exit_2(args, message):
   base = {"--preset": "toy-tiny", "--mesh": "data=2", "--batch": "16", "--seq": "8"}
   flags = dict(base, **dict(zip(args[::2], args[1::2])))
-  proc = _precheck(*[x for kv in flags.items() for x in kv])
+  switch = args[-1:] if len(args) % 2 else ()   # a trailing flag without a value
+  proc = _precheck(*[x for kv in flags.items() for x in kv], *switch)
   assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
   assert message in proc.stderr

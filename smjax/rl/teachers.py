@@ -6,6 +6,9 @@ self-GRPO teacher); it may be larger than the student. `TeacherRouter.score` gat
 to each teacher, pads them to a row bucket (so few shapes compile), runs that teacher's forward on
 those rows only and scatters the results back. No teacher runs on rows not routed to it, and the
 FLOPs it spent (padded rows included: that is what ran) are reported as `train/teacher` calls.
+With `logits_to_keep` and `shared_prompt_rows` (as the OPD step's config) a teacher computes only
+the completion columns and runs each prompt once per block of rows (smjax.train.steps): routed
+rows are whole blocks (rows of one prompt share its domain) and are padded by whole blocks.
 
 Legend: B rows, S sequence length, T = S - 1 target positions, V vocab, R routed rows (bucketed).
 """
@@ -21,7 +24,8 @@ import numpy as np
 
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.models.transformer import ModelConfig, Transformer
-from smjax.train.steps import SequenceBatch, make_logits_fn, make_logprob_fn
+from smjax.train.scoring import make_logits_fn, make_logprob_fn
+from smjax.train.steps import SequenceBatch
 
 
 @dataclasses.dataclass
@@ -48,21 +52,27 @@ def check_vocabularies(student_cfg: ModelConfig, teachers: Sequence[Teacher],
         raise ValueError(f"teacher {t.name!r}: tokenizer differs from the student's, e.g. {diff}")
 
 
-def _bucket_rows(n: int, total: int) -> int:
-  """Rows padded to a power of two (at least 8, at most the batch): few shapes, bounded waste."""
+def _bucket_rows(n: int, total: int, block: int = 1) -> int:
+  """Rows padded to a power of two (at least 8, at most the batch; rounded up to whole `block`s):
+  few shapes, bounded waste."""
   b = 8
   while b < n:
     b *= 2
-  return min(b, max(total, 1))
+  return min(-(-b // block) * block, max(total, block))
 
 
 class TeacherRouter:
   """Routes rows to teachers by domain and runs each teacher on its rows only."""
 
   def __init__(self, student_cfg: ModelConfig, teachers: Sequence[Teacher], *,
-               want_logits: bool = False):
+               want_logits: bool = False, logits_to_keep: int | None = None,
+               shared_prompt_rows: int = 1):
     if not teachers:
       raise ValueError("TeacherRouter needs at least one teacher")
+    if shared_prompt_rows < 1:
+      raise ValueError(f"TeacherRouter: shared_prompt_rows={shared_prompt_rows} must be >= 1")
+    self.shared_prompt_rows = shared_prompt_rows
+    self.logits_to_keep = logits_to_keep
     check_vocabularies(student_cfg, teachers)
     self.teachers = list(teachers)
     self.want_logits = want_logits
@@ -76,7 +86,8 @@ class TeacherRouter:
     self._fns = []
     for t in self.teachers:
       model = Transformer(t.cfg)
-      fn = make_logits_fn(model) if want_logits else make_logprob_fn(model)
+      make = make_logits_fn if want_logits else make_logprob_fn
+      fn = make(model, logits_to_keep=logits_to_keep, shared_prompt_rows=shared_prompt_rows)
       self._fns.append(jax.jit(fn))
 
   def teacher_of(self, domain: str) -> int:
@@ -94,6 +105,10 @@ class TeacherRouter:
     if len(domains) != B:
       raise ValueError(f"{len(domains)} domain tags for a batch of {B} rows")
     owner = np.array([self.teacher_of(d) for d in domains])
+    block = self.shared_prompt_rows
+    if B % block or (owner.reshape(-1, block) != owner[::block, None]).any():
+      raise ValueError(f"TeacherRouter.score: with shared_prompt_rows={block} the {B} rows must "
+                       f"be whole blocks of {block} rows of one domain (one prompt each)")
     T = batch.tokens_BS.shape[1] - 1
     out_shape = (B, T, self.teachers[0].cfg.vocab_size) if self.want_logits else (B, T)
     out = jnp.zeros(out_shape, jnp.float32)
@@ -103,14 +118,18 @@ class TeacherRouter:
       rows_per[t.name] = int(rows.size)
       if rows.size == 0:
         continue
-      R = _bucket_rows(rows.size, B)
-      idx = np.concatenate([rows, np.full(R - rows.size, rows[0])])  # pad with a real row
+      R = _bucket_rows(rows.size, B, block)
+      # Padded with copies of the first block (real rows, whole blocks).
+      idx = np.concatenate([rows, np.tile(rows[:block], (R - rows.size) // block)])
       sub = jax.tree.map(lambda x: None if x is None else x[idx], SequenceBatch(
           tokens_BS=batch.tokens_BS, positions_BS=batch.positions_BS,
           attn_mask_BS=batch.attn_mask_BS, loss_mask_BT=batch.loss_mask_BT))
       scores = self._fns[i](t.params, sub)
       out = out.at[rows].set(scores[:rows.size].astype(jnp.float32))
-      real_tokens = float(np.asarray(batch.attn_mask_BS)[rows].sum())
+      attn = np.asarray(batch.attn_mask_BS)[rows]
+      # A shared prompt runs once per block: its tokens count once (as in the sampler's prefill).
+      prompt_cols = attn.shape[1] - self.logits_to_keep if block > 1 else 0
+      real_tokens = float(attn.sum() - attn[:, :prompt_cols].sum() * (1 - 1 / block))
       useful = float(analytic_flops(t.cfg, tokens=real_tokens,
                                     context_len=(batch.tokens_BS.shape[1] + 1) / 2,
                                     backward=False))

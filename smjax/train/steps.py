@@ -11,12 +11,8 @@ token and sequence counts, so the accumulated gradient equals the full-batch gra
 counts a scan body once, `step_program_calls` reports the step program plus (micro_batches - 1)
 calls of the micro-batch gradient program for the FLOP ledger.
 
-`logits_to_keep = k` (GRPO, OPD): the LM head, log-probs and loss run on the last k target
-positions only, the completion (prompts are left-padded to one length, so completions fill the
-last columns), like TRL's `logits_to_keep`; the prompt positions' logits never reach these losses.
-A loss-mask token outside those k columns would be dropped from the loss, so the step makes the
-loss NaN instead (the step is skipped and reported non-finite) and counts them in the
-`tokens_outside_logits` metric.
+Which positions the losses score (`logits_to_keep`: the completion columns only;
+`shared_prompt_rows`: each prompt's forward once per block of rows) is `smjax.train.scoring`.
 
 A step whose loss or gradient is not finite leaves the state unchanged and reports `finite = 0`;
 the host loop stops the run with a message naming the step (see loop.py).
@@ -36,11 +32,12 @@ import jax.numpy as jnp
 import optax
 
 from smjax.flops import ProgramCall, shape_struct
-from smjax.models.transformer import Transformer, lm_head
+from smjax.models.transformer import Transformer
 from smjax import sharded_kernels
 from smjax.rl import grpo as grpo_lib
 from smjax.rl import opd as opd_lib
 from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
+from smjax.train import scoring
 from smjax.train.state import TrainState
 
 
@@ -70,6 +67,7 @@ class GRPOConfig:
   micro_batches: int = 1
   impl: str = "auto"                 # group-advantage kernel dispatch
   logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
+  shared_prompt_rows: int = 1        # rows per prompt whose forward runs once (docstring; 1: off)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,73 +80,13 @@ class OPDConfig:
   micro_batches: int = 1
   impl: str = "auto"                 # reverse-KL kernel dispatch
   logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
-
-
-def forward_logits(model: Transformer, params, batch: SequenceBatch) -> jax.Array:
-  """Logits [B, T, V] at the positions that predict tokens_BS[:, 1:]."""
-  logits_BSV, _ = model.apply({"params": params}, batch.tokens_BS, batch.positions_BS,
-                              batch.attn_mask_BS)
-  return logits_BSV[:, :-1]
-
-
-def _kept_logits(model: Transformer, params, batch: SequenceBatch, keep: int) -> jax.Array:
-  """Logits [B, keep, V] at the last `keep` of the T positions that predict tokens_BS[:, 1:]."""
-  hidden_BSD, _ = model.apply({"params": params}, batch.tokens_BS, batch.positions_BS,
-                              batch.attn_mask_BS, return_hidden=True)
-  S = hidden_BSD.shape[1]
-  return lm_head(params, model.cfg, hidden_BSD[:, S - 1 - keep:S - 1])
-
-
-def _keep(logits_to_keep: int | None, batch: SequenceBatch, where: str) -> int:
-  T = batch.loss_mask_BT.shape[1]
-  if logits_to_keep is None:
-    return T
-  if not 0 < logits_to_keep <= T:
-    raise ValueError(f"{where}.logits_to_keep={logits_to_keep} must be in [1, T={T}] (the "
-                     f"completion length; T = tokens_BS length - 1)")
-  return logits_to_keep
-
-
-def _policy_logits(model, params, batch: SequenceBatch, keep: int):
-  """(logits [B, keep, V], the batch with its per-target arrays cut to the same last `keep`
-  columns, the targets [B, keep])."""
-  T = batch.loss_mask_BT.shape[1]
-  if keep == T:
-    return forward_logits(model, params, batch), batch, batch.tokens_BS[:, 1:]
-  cut = lambda x: None if x is None else x[:, T - keep:]
-  window = batch.replace(loss_mask_BT=cut(batch.loss_mask_BT), old_logp_BT=cut(batch.old_logp_BT),
-                         ref_logp_BT=cut(batch.ref_logp_BT),
-                         teacher_logp_BT=cut(batch.teacher_logp_BT),
-                         teacher_logits_BTV=cut(batch.teacher_logits_BTV))
-  return _kept_logits(model, params, batch, keep), window, batch.tokens_BS[:, 1:][:, T - keep:]
-
-
-def _guard_window(loss, aux, batch: SequenceBatch, keep: int):
-  """NaN loss (a skipped, reported step) if loss-mask tokens fall outside the kept columns."""
-  T = batch.loss_mask_BT.shape[1]
-  if keep == T:
-    return loss, aux
-  outside = jnp.sum(batch.loss_mask_BT[:, :T - keep].astype(jnp.float32))
-  return jnp.where(outside > 0, jnp.nan, loss), dict(aux, tokens_outside_logits=outside)
-
-
-def make_logprob_fn(model: Transformer) -> Callable:
-  """`fn(params, batch) -> logp_BT`: log-probs of the targets (reference / teacher forwards)."""
-  def fn(params, batch: SequenceBatch):
-    logp = token_logprobs(forward_logits(model, params, batch), batch.tokens_BS[:, 1:])
-    return jnp.where(batch.loss_mask_BT, logp, 0.0)
-  return fn
-
-
-def make_logits_fn(model: Transformer) -> Callable:
-  """`fn(params, batch) -> logits_BTV` (teacher logits for the full-vocab objectives)."""
-  return lambda params, batch: forward_logits(model, params, batch)
+  shared_prompt_rows: int = 1        # rows per prompt whose forward runs once (docstring; 1: off)
 
 
 # ------------------------------------------------------------------------------------- losses
 
 def _sft_loss(model, params, batch: SequenceBatch, counts):
-  logits = forward_logits(model, params, batch)
+  logits = scoring.forward_logits(model, params, batch)
   logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
   mask = batch.loss_mask_BT.astype(jnp.float32)
   loss = -jnp.sum(logp * mask) / counts["tokens"]
@@ -158,8 +96,9 @@ def _sft_loss(model, params, batch: SequenceBatch, counts):
 
 
 def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  keep = _keep(cfg.logits_to_keep, batch, "GRPOConfig")
-  logits, win, targets = _policy_logits(model, params, batch, keep)
+  keep = scoring.keep_width(cfg.logits_to_keep, batch, "GRPOConfig")
+  logits, win, targets, differ = scoring.policy_logits(model, params, batch, keep,
+                                                        cfg.shared_prompt_rows)
   logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
   loss, aux = sharded_kernels.grpo_loss_from_rewards(
       logp, win.old_logp_BT, win.ref_logp_BT if cfg.beta else None, win.rewards_B,
@@ -169,12 +108,13 @@ def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mes
       num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
       mesh=mesh)
   aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return _guard_window(loss, aux, batch, keep)
+  return scoring.guard_window(loss, aux, batch, keep, differ)
 
 
 def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  keep = _keep(cfg.logits_to_keep, batch, "OPDConfig")
-  logits, win, targets = _policy_logits(model, params, batch, keep)
+  keep = scoring.keep_width(cfg.logits_to_keep, batch, "OPDConfig")
+  logits, win, targets, differ = scoring.policy_logits(model, params, batch, keep,
+                                                        cfg.shared_prompt_rows)
   logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
   # max_len: the full T, whatever the kept window (seq_mean_token_sum_norm's constant).
   kw = dict(mask_BT=win.loss_mask_BT, aggregation=cfg.aggregation,
@@ -189,7 +129,7 @@ def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=
                                  teacher_logits_BTV=win.teacher_logits_BTV, tokens_BT=targets,
                                  **kw)
   aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return _guard_window(loss, aux, batch, keep)
+  return scoring.guard_window(loss, aux, batch, keep, differ)
 
 
 # -------------------------------------------------------------------------------------- steps
