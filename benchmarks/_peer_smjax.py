@@ -11,7 +11,7 @@ What is timed here:
   `logits_to_keep`), GRPO loss from rewards, backward, grad-norm clip, AdamW): median of `reps`
   calls after `warmup`. The peers' computation, token for token.
 - step_shared_prompt: the same step with `GRPOConfig.shared_prompt_rows = G`: each prompt's
-  forward runs once for its G completions (smjax.train.steps docstring). The same loss, gradient
+  forward runs once for its G completions (smjax.train.scoring). The same loss, gradient
   and update (its first loss and gradient norm are checked against the peer's too) with fewer
   FLOPs; neither peer does this.
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the

@@ -3,15 +3,18 @@ r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, pl
   python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=runs/demo   # = make demo
   python -m smjax.main --config=configs/study.py:two_domain,full --workdir=runs/two_full
   python -m smjax.main --config=configs/study.py:four_domain,full --workdir=runs/four_full
+  make study STUDY=four_domain,full,main STUDY_WORKDIR=runs/study_four
 
 Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
-seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms).
+seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs, all arms);
+`main`: only the main comparison's phases (base, joint GRPO, experts, MOPD: claims (a), (b)), as
+`demo` always runs.
 
 Expected runtime on a 2-core CPU (measured 2026-11-30, with the shared-prompt steps): demo 3 min
 43 s (idle machine); two_domain,full about an hour through `make study` (three seeds as parallel
 processes; every phase after the base and the external teacher took 18 min on a machine shared
-with tests, the two SFT phases most of the rest); four_domain,full not yet run (estimate: twice
-two_domain). Expected result: README "The toy
+with tests, the two SFT phases most of the rest); four_domain,full,main 18 min 46 s (idle);
+four_domain,full with the external and self teachers not yet run. Expected result: README "The toy
 study" (numbers measured with these configs, whatever they say about the paper's claims: at this
 scale joint GRPO beats split-then-merge per FLOP).
 """
@@ -20,7 +23,7 @@ from smjax.study_config import parse_arg, study_defaults
 
 
 def get_config(arg=None):
-  a = parse_arg(arg, two_domain=False, four_domain=False, demo=False, full=False)
+  a = parse_arg(arg, two_domain=False, four_domain=False, demo=False, full=False, main=False)
   if a.two_domain == a.four_domain:
     raise ValueError("configs/study.py: give exactly one of two_domain, four_domain")
   if a.demo == a.full:
@@ -31,8 +34,6 @@ def get_config(arg=None):
   c.name = f"{'two' if a.two_domain else 'four'}_domain_{'demo' if a.demo else 'full'}"
   if a.demo:
     c.seeds = (0,)
-    # The main comparison only (claims (a), (b)); external and self teachers are in `full`.
-    c.phases = ("base", "joint", "experts", "mopd")
     c.heldout_size = 128
     c.experts.steps = 300
     c.joint.steps = c.experts.steps * n
@@ -49,4 +50,7 @@ def get_config(arg=None):
     c.self_teacher.degrade_steps = 300
     c.self_teacher.recover_steps = 200
     c.eval.points = 12
+  if a.demo or a.main:
+    # The main comparison only (claims (a), (b)); external and self teachers are in `full`.
+    c.phases = ("base", "joint", "experts", "mopd")
   return c

@@ -87,7 +87,7 @@ def study_defaults() -> mlc.ConfigDict:
 
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   # shared_prompt: the step runs each prompt's forward once for its samples_per_prompt rows (as
-  # the sampler's prefill does); the same update with fewer FLOPs (smjax.train.steps docstring).
+  # the sampler's prefill does); the same update with fewer FLOPs (smjax.train.scoring).
   c.rl = mlc.ConfigDict(dict(
       prompts_per_step=16, samples_per_prompt=8, max_new_tokens=12, temperature=1.0,
       learning_rate=1e-4, warmup_steps=0, clip_norm=1.0, advantage_mode="grpo", eps_low=0.2,

@@ -155,6 +155,22 @@ def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):
   assert r.returncode != 0 and "exactly one of demo, full" in r.stderr
 
 
+def test_study_config_arguments_choose_the_phases():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
+                                                                          "study.py"))
+  cfg = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cfg)
+  main = ("base", "joint", "experts", "mopd")
+  assert tuple(cfg.get_config("two_domain,demo").phases) == main
+  full = cfg.get_config("four_domain,full")
+  assert set(main) < set(full.phases) and len(full.domains) == 4 and full.joint.steps == 2000
+  four_main = cfg.get_config("four_domain,full,main")
+  assert tuple(four_main.phases) == main and four_main.seeds == (0, 1, 2)
+  with pytest.raises(ValueError, match="'mian' is not one of"):
+    cfg.get_config("four_domain,full,mian")
+
+
 RESUME = [
     "--config=configs/mopd.py", "--config.domains=('math',)", "--config.seeds=(0,)",
     "--config.progress=False", "--config.heldout_size=16", "--config.eval.batch_size=16",

@@ -216,3 +216,5 @@ def test_teacher_router_scores_same_as_unshared(want_logits):
                                                   rel=1e-6)
   with pytest.raises(ValueError, match="whole blocks of 4 rows of one domain"):
     shared.score(batch, ["math"] * (G - 1) + ["code"] * (2 * G + 1))
+  with pytest.raises(ValueError, match="shared_prompt_rows=4 needs logits_to_keep"):
+    TeacherRouter(student, teachers, shared_prompt_rows=G)

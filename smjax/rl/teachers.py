@@ -7,7 +7,7 @@ to each teacher, pads them to a row bucket (so few shapes compile), runs that te
 those rows only and scatters the results back. No teacher runs on rows not routed to it, and the
 FLOPs it spent (padded rows included: that is what ran) are reported as `train/teacher` calls.
 With `logits_to_keep` and `shared_prompt_rows` (as the OPD step's config) a teacher computes only
-the completion columns and runs each prompt once per block of rows (smjax.train.steps): routed
+the completion columns and runs each prompt once per block of rows (smjax.train.scoring): routed
 rows are whole blocks (rows of one prompt share its domain) and are padded by whole blocks.
 
 Legend: B rows, S sequence length, T = S - 1 target positions, V vocab, R routed rows (bucketed).
@@ -71,6 +71,9 @@ class TeacherRouter:
       raise ValueError("TeacherRouter needs at least one teacher")
     if shared_prompt_rows < 1:
       raise ValueError(f"TeacherRouter: shared_prompt_rows={shared_prompt_rows} must be >= 1")
+    if shared_prompt_rows > 1 and logits_to_keep is None:
+      raise ValueError(f"TeacherRouter: shared_prompt_rows={shared_prompt_rows} needs "
+                       "logits_to_keep (the completion width), as the OPD step's config")
     self.shared_prompt_rows = shared_prompt_rows
     self.logits_to_keep = logits_to_keep
     check_vocabularies(student_cfg, teachers)

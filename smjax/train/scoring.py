@@ -56,6 +56,8 @@ def _kept_logits(model: Transformer, params, batch: SequenceBatch, keep: int) ->
 
 
 def keep_width(logits_to_keep: int | None, batch: SequenceBatch, where: str) -> int:
+  """How many of the T target columns are scored (all when `logits_to_keep` is None); `where`
+  names the config field in the error."""
   T = batch.loss_mask_BT.shape[1]
   if logits_to_keep is None:
     return T
