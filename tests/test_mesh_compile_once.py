@@ -74,7 +74,7 @@ def _worker(out_path: str, mesh: dict) -> None:
   import jax
   import jax.numpy as jnp
 
-  from smjax import experiment
+  from smjax import seed_context
   from smjax import sharding as shd
 
   compiles = []
@@ -84,7 +84,7 @@ def _worker(out_path: str, mesh: dict) -> None:
   config = _config()
   for axis, size in mesh.items():
     config.mesh[axis] = size
-  ctx = experiment.SeedContext(config, 0, tempfile.mkdtemp())
+  ctx = seed_context.SeedContext(config, 0, tempfile.mkdtemp())
   specs = lambda tree: {k: _spec(x.sharding) if ctx.mesh else None
                         for k, x in _by_path(tree).items()}
   # The base phase's starting point: on the mesh created sharded by its logical axes.
@@ -199,16 +199,16 @@ def _longest_heldout_prompt(config) -> int:
 
 
 def test_too_long_max_new_tokens_fails_at_startup(tmp_path):
-  from smjax import experiment
+  from smjax import seed_context
   c = _config()
   c.phases = ("base", "joint")
   longest = _longest_heldout_prompt(c)
   fits = 64 - longest            # toy-tiny's max_seq_len is 64
   c.rl.max_new_tokens = fits
-  experiment.SeedContext(c, 0, str(tmp_path))       # the largest that fits is accepted
+  seed_context.SeedContext(c, 0, str(tmp_path))       # the largest that fits is accepted
   c.rl.max_new_tokens = fits + 1
   with pytest.raises(ValueError) as e:
-    experiment.SeedContext(c, 0, str(tmp_path))
+    seed_context.SeedContext(c, 0, str(tmp_path))
   msg = str(e.value)
   assert f"config.rl.max_new_tokens={fits + 1}" in msg, msg
   assert "max_seq_len=64" in msg and f"has {longest} tokens" in msg, msg
@@ -216,17 +216,17 @@ def test_too_long_max_new_tokens_fails_at_startup(tmp_path):
 
 
 def test_too_long_for_the_external_teacher_fails_at_startup(tmp_path):
-  from smjax import experiment
+  from smjax import seed_context
   c = _config()
   c.phases = ("base", "external")
   c.model.max_seq_len = 256      # the student fits; the teacher (toy-small: 96) samples T + 16
   longest = _longest_heldout_prompt(c)
   fits = 96 - longest - 16
   c.rl.max_new_tokens = fits
-  experiment.SeedContext(c, 0, str(tmp_path))
+  seed_context.SeedContext(c, 0, str(tmp_path))
   c.rl.max_new_tokens = fits + 1
   with pytest.raises(ValueError) as e:
-    experiment.SeedContext(c, 0, str(tmp_path))
+    seed_context.SeedContext(c, 0, str(tmp_path))
   msg = str(e.value)
   assert f"config.rl.max_new_tokens={fits + 1}" in msg, msg
   assert "config.external.teacher_preset='toy-small'" in msg and "max_seq_len=96" in msg, msg
