@@ -228,7 +228,7 @@ def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
   return out
 
 
-# The smjax measurements: mode -> (which Side, how it is timed). Peers time "step" and "iteration".
+# smjax's measurements (--modes), and the peer's ("step" or "iteration") each is compared with.
 MODES = ("step", "step_shared_prompt", "iteration")
 PEER_MODE = {"step": "step", "step_shared_prompt": "step", "iteration": "iteration"}
 
