@@ -69,10 +69,7 @@ def _same(params, f_plain, f_shared):
   (l1, a1), g1 = jax.jit(jax.value_and_grad(f_shared, has_aux=True))(params)
   assert np.isfinite(float(l0))
   np.testing.assert_allclose(float(l1), float(l0), rtol=1e-5, atol=1e-6)
-  for path, a in jax.tree_util.tree_leaves_with_path(g0):
-    b = g1
-    for k in path:
-      b = b[k.key]
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1)):
     assert float(jnp.max(jnp.abs(a))) > 0, path   # every parameter gets a gradient
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=2e-6,
                                err_msg=jax.tree_util.keystr(path))
