@@ -14,6 +14,11 @@ What is timed here:
   forward runs once for its G completions (smjax.train.scoring). The same loss, gradient
   and update (its first loss and gradient norm are checked against the peer's too) with fewer
   FLOPs; neither peer does this.
+- step_packed: the shared-prompt step on the batch packed by `scoring.with_packing`: the
+  completions run as one stream without their padding and without each row's last token (which
+  predicts nothing), attention alone back in the padded row layout (smjax.models.transformer
+  PackedRows). The same update again (checked against the peer's first loss and gradient norm),
+  fewer FLOPs still: the batch's completions are 32-64 of 64 tokens, 697 real of 1024.
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the
   host, `rollout_batch`, and the compiled shared-prompt step (the fixed batch is padded to the
   sampler's prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
@@ -66,7 +71,7 @@ class Side:
   both the fixed step batch and the sampler's rollouts have, and shared by both measurements."""
 
   def __init__(self, model_dir: str, batch_np: dict, *, group_size: int, lr: float,
-               shared_prompt_rows: int = 1):
+               shared_prompt_rows: int = 1, packed: bool = False):
     import jax  # pylint: disable=import-outside-toplevel
     from smjax.flops import executable_flops  # pylint: disable=import-outside-toplevel
     from smjax.models import hf  # pylint: disable=import-outside-toplevel
@@ -75,6 +80,7 @@ class Side:
     self.cfg, self.params = hf.load_params(model_dir)
     self.tx = _optimizer(lr)
     self.shared_prompt_rows = shared_prompt_rows
+    self.packed = packed
     model = Transformer(self.cfg)
     # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
     # those only; the step makes the loss NaN if a loss-mask token fell outside them.
@@ -88,6 +94,8 @@ class Side:
     # peers' (TRL and Tunix take the detached current log-probs when iterating once per batch).
     self.batch = batch.replace(
         old_logp_BT=jax.jit(scoring.make_logprob_fn(model))(self.params, batch))
+    if packed:  # the completions as one stream without their padding (scoring.with_packing)
+      self.batch = scoring.with_packing(self.batch, grpo_cfg.logits_to_keep)
     t0 = time.perf_counter()
     self.step = step.fn.lower(self.fresh_state(), self.batch).compile()
     self.compile_s = time.perf_counter() - t0
@@ -127,7 +135,9 @@ def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
                   "completion positions (logits_to_keep), GRPO loss from rewards (token_mean), "
                   "backward, global-norm clip 1.0, AdamW"
                   + (f"; each prompt's forward once for its {side.shared_prompt_rows} rows "
-                     "(shared_prompt_rows)" if side.shared_prompt_rows > 1 else ""))
+                     "(shared_prompt_rows)" if side.shared_prompt_rows > 1 else "")
+                  + ("; completions packed without their padding (scoring.with_packing)"
+                     if side.packed else ""))
   return out
 
 
@@ -200,7 +210,8 @@ def parse_args(description: str, peer: str, argv=None):
 
 
 def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
-             peer_s: float | None, goal: float, shared: tuple[float, float] | None = None) -> dict:
+             peer_s: float | None, goal: float,
+             variants: dict[str, tuple[float, float]] | None = None) -> dict:
   """Where the step times sit against the machine's matmul peak (all rates of the same work:
   smjax's compiled step FLOPs, which the peer's step also does, the check of the first loss
   and gradient norm says so).
@@ -211,8 +222,9 @@ def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
   `goal_fraction_of_peak`: the share of the peak a step `goal` times faster than the peer would
   have to sustain; above 1 the goal cannot be met on this machine.
 
-  `shared` = (FLOPs, seconds) of the shared-prompt step, which does less work for the same update:
-  its own fraction of the peak, and the fraction its FLOPs would need at the goal."""
+  `variants` = {name: (FLOPs, seconds)} of steps that do less work for the same update (the
+  shared-prompt and packed steps): `<name>_step_flops`, `<name>_fraction_of_peak` (its own rate),
+  and `<name>_goal_fraction_of_peak` (what its FLOPs would need at the goal)."""
   out = dict(step_flops=step_flops, peak_flops_per_s=peak_flops_per_s,
              floor_s=step_flops / peak_flops_per_s,
              smjax_fraction_of_peak=step_flops / smjax_s / peak_flops_per_s, goal=goal)
@@ -220,29 +232,30 @@ def roofline(*, step_flops: float, peak_flops_per_s: float, smjax_s: float,
     out.update(peer_fraction_of_peak=step_flops / peer_s / peak_flops_per_s,
                goal_step_s=peer_s / goal,
                goal_fraction_of_peak=step_flops * goal / peer_s / peak_flops_per_s)
-  if shared is not None:
-    flops, seconds = shared
-    out.update(shared_step_flops=flops, shared_fraction_of_peak=flops / seconds / peak_flops_per_s)
+  for name, (flops, seconds) in (variants or {}).items():
+    out[f"{name}_step_flops"] = flops
+    out[f"{name}_fraction_of_peak"] = flops / seconds / peak_flops_per_s
     if peer_s is not None:
-      out["shared_goal_fraction_of_peak"] = flops * goal / peer_s / peak_flops_per_s
+      out[f"{name}_goal_fraction_of_peak"] = flops * goal / peer_s / peak_flops_per_s
   return out
 
 
 # smjax's measurements (--modes), and the peer's ("step" or "iteration") each is compared with.
-MODES = ("step", "step_shared_prompt", "iteration")
-PEER_MODE = {"step": "step", "step_shared_prompt": "step", "iteration": "iteration"}
+MODES = ("step", "step_shared_prompt", "step_packed", "iteration")
+PEER_MODE = {"step": "step", "step_shared_prompt": "step", "step_packed": "step",
+             "iteration": "iteration"}
+STEP_SIDES = {"step": "plain", "step_shared_prompt": "shared", "step_packed": "packed"}
 
 
 def _smjax_round(sides: dict, args, prompts, bucket: int, label: str, peak) -> dict:
-  """Every smjax measurement of `args.modes` once (`sides`: "plain" and "shared" Sides; the
+  """Every smjax measurement of `args.modes` once (`sides`: STEP_SIDES' Sides; the
   compiled steps and the sampler are reused across rounds), then `args.matmul_samples` samples of
   the matmul peak (`peak`, train_mfu.MatmulPeak)."""
   import os  # pylint: disable=import-outside-toplevel
   ours = {"loadavg": os.getloadavg()}
-  for mode in ("step", "step_shared_prompt"):
+  for mode, side in STEP_SIDES.items():
     if mode in args.modes:
-      side = sides["plain" if mode == "step" else "shared"]
-      ours[mode] = s = step_bench(side, reps=args.reps, warmup=args.warmup)
+      ours[mode] = s = step_bench(sides[side], reps=args.reps, warmup=args.warmup)
       print(f"  smjax {mode:18s} ({label}): {s['median_s'] * 1e3:8.1f} ms  "
             f"({s['compiled_flops'] / 1e9:.1f} GFLOP, {s['gflops_per_s']:.1f} GFLOP/s; compile "
             f"{s['compile_s']:.1f} s)")
@@ -302,6 +315,9 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
       sides["plain"] = Side(model_dir, batch, group_size=G, lr=args.lr)
     if {"step_shared_prompt", "iteration"} & set(args.modes):
       sides["shared"] = Side(model_dir, batch, group_size=G, lr=args.lr, shared_prompt_rows=G)
+    if "step_packed" in args.modes:
+      sides["packed"] = Side(model_dir, batch, group_size=G, lr=args.lr, shared_prompt_rows=G,
+                             packed=True)
     from train_mfu import MatmulPeak  # pylint: disable=import-outside-toplevel
     peak = MatmulPeak(args.matmul_size)
     results["smjax"] = ours = _smjax_round(sides, args, prompts, bucket, "before", peak)
@@ -330,7 +346,7 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
               f"      {peer}: {theirs[PEER_MODE[mode]]['what']}")
       # Same weights, batch and advantages, ratio 1 on both sides: the first step's loss and
       # pre-clip gradient norm must agree (to float32 rounding) if both compute the same update.
-      for mode in ("step", "step_shared_prompt"):
+      for mode in STEP_SIDES:
         if mode not in args.modes:
           continue
         check = {}
@@ -348,12 +364,12 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
       rounds = (ours, results.get("smjax_after_peer", ours))
       slow = lambda mode: max(r[mode]["median_s"] for r in rounds)
       peer_s = results[peer]["step"]["median_s"] if peer in results else None
-      shared = ((sides["shared"].flops, slow("step_shared_prompt"))
-                if "step_shared_prompt" in args.modes else None)
+      variants = {STEP_SIDES[m]: (sides[STEP_SIDES[m]].flops, slow(m))
+                  for m in ("step_shared_prompt", "step_packed") if m in args.modes}
       results["roofline"] = r = roofline(step_flops=sides["plain"].flops,
                                          peak_flops_per_s=results["matmul_peak"]["flops_per_s"],
                                          smjax_s=slow("step"), peer_s=peer_s, goal=goal,
-                                         shared=shared)
+                                         variants=variants)
       print(f"  roofline: matmul peak {r['peak_flops_per_s'] / 1e9:.1f} GFLOP/s "
             f"([{args.matmul_size}]^2 f32, this run); the step's {r['step_flops'] / 1e9:.1f} GFLOP "
             f"at that peak take {r['floor_s'] * 1e3:.1f} ms; smjax runs at "
@@ -362,11 +378,11 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
                f", {peer} at {r['peer_fraction_of_peak']:.0%}; a step {goal:g}x faster than "
                f"{peer} ({r['goal_step_s'] * 1e3:.1f} ms) would need "
                f"{r['goal_fraction_of_peak']:.0%}"))
-      if shared is not None:
-        print(f"  roofline, shared prompt: {r['shared_step_flops'] / 1e9:.1f} GFLOP for the same "
-              f"update, run at {r['shared_fraction_of_peak']:.0%} of the peak"
+      for name in variants:
+        print(f"  roofline, {name} step: {r[f'{name}_step_flops'] / 1e9:.1f} GFLOP for the same "
+              f"update, run at {r[f'{name}_fraction_of_peak']:.0%} of the peak"
               + ("" if peer_s is None else
-                 f"; {goal:g}x {peer} would need {r['shared_goal_fraction_of_peak']:.0%}"))
+                 f"; {goal:g}x {peer} would need {r[f'{name}_goal_fraction_of_peak']:.0%}"))
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

@@ -120,7 +120,8 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
                 tokenizer=ctx.tokenizer, prompts_iter=prompts, verify=ctx.verifier,
                 evaluator=evaluator, ledger=ledger, router=router,
                 ref_params=init_params_ if ctx.ref_fn is not None and algo == "grpo" else None,
-                ref_fn=ctx.ref_fn if algo == "grpo" else None, flops_offset=flops_offset)
+                ref_fn=ctx.ref_fn if algo == "grpo" else None, flops_offset=flops_offset,
+                pack=ctx.grpo_pack if algo == "grpo" else ctx.opd_pack)
     mgr = _checkpointer(ctx, phase)
     start = 0
     restored = mgr.restore_latest(state)

@@ -99,6 +99,12 @@ class SeedContext:
     self.opd_step = steps_lib.jit_step(steps_lib.make_opd_step(self.model, self.opd_tx,
                                                                self.opd_cfg, mesh=self.mesh),
                                        state_shardings=self.state_shardings(self.opd_tx))
+    # pack_completions: each rollout batch carries its packed stream, which the step and the
+    # reference read (the OPD teachers pack their own rows: teacher_router).
+    self.grpo_pack = _packer(rl.max_new_tokens, rl.micro_batches,
+                             rl.prompts_per_step * rl.samples_per_prompt, rl.pack_completions)
+    self.opd_pack = _packer(rl.max_new_tokens, o.micro_batches,
+                            o.prompts_per_step * o.samples_per_prompt, o.pack_completions)
     self.ref_fn = jax.jit(scoring.make_logprob_fn(
         self.model, logits_to_keep=rl.max_new_tokens,
         shared_prompt_rows=grpo_cfg.shared_prompt_rows)) if rl.beta else None
@@ -122,7 +128,8 @@ class SeedContext:
     return TeacherRouter(self.model_cfg, teachers,
                          want_logits=self.config.opd.objective != "sampled",
                          logits_to_keep=self.opd_cfg.logits_to_keep,
-                         shared_prompt_rows=self.opd_cfg.shared_prompt_rows)
+                         shared_prompt_rows=self.opd_cfg.shared_prompt_rows,
+                         pack_completions=self.config.opd.pack_completions)
 
   def state_shardings(self, tx, cfg=None):
     """The TrainState's shardings on the mesh (None on one device): parameters by their logical
@@ -193,3 +200,14 @@ def _get_path(tree, path):
   for p in path:
     tree = tree[p]
   return tree
+
+
+def _packer(keep: int, micro_batches: int, rows: int, on: bool):
+  """`batch -> batch` adding its packed stream (`scoring.with_packing`), or None when `on` is
+  False. The stream length is rounded up to an eighth of a micro-batch's completion columns, so a
+  phase compiles its step for at most 8 lengths."""
+  if not on:
+    return None
+  bucket = max(keep, rows // micro_batches * keep // 8)
+  return lambda batch: scoring.with_packing(batch, keep, micro_batches=micro_batches,
+                                            bucket=bucket)

@@ -27,7 +27,7 @@ _LATER = ("joint", "experts", "mopd", "external", "self_teacher")
 _RL_TRAINING = tuple(f"rl.{k}" for k in (
     "prompts_per_step", "samples_per_prompt", "temperature", "learning_rate", "warmup_steps",
     "clip_norm", "advantage_mode", "eps_low", "eps_high", "beta", "kl_estimator", "aggregation",
-    "micro_batches", "impl", "shared_prompt"))
+    "micro_batches", "impl", "shared_prompt", "pack_completions"))
 PHASE_INDEPENDENT_FIELDS = {
     "base": _LATER + _RL_TRAINING + ("opd",),
     "joint_grpo": ("experts", "mopd", "external", "self_teacher", "opd"),
@@ -88,11 +88,14 @@ def study_defaults() -> mlc.ConfigDict:
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   # shared_prompt: the step runs each prompt's forward once for its samples_per_prompt rows (as
   # the sampler's prefill does); the same update with fewer FLOPs (smjax.train.scoring).
+  # pack_completions: the step (and the reference; in OPD the teachers) run the completions as
+  # one stream without their padding (scoring.with_packing); the same update with fewer FLOPs,
+  # one compiled step per stream length (rounded up to an eighth of the completion columns).
   c.rl = mlc.ConfigDict(dict(
       prompts_per_step=16, samples_per_prompt=8, max_new_tokens=12, temperature=1.0,
       learning_rate=1e-4, warmup_steps=0, clip_norm=1.0, advantage_mode="grpo", eps_low=0.2,
       eps_high=0.28, beta=0.0, kl_estimator="k3", aggregation="token_mean", micro_batches=1,
-      impl="auto", shared_prompt=True))
+      impl="auto", shared_prompt=True, pack_completions=False))
   c.joint = mlc.ConfigDict(dict(steps=1200))
   c.experts = mlc.ConfigDict(dict(steps=600))
 
@@ -104,7 +107,7 @@ def study_defaults() -> mlc.ConfigDict:
   c.opd = mlc.ConfigDict(dict(
       objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto",
-      shared_prompt=True))
+      shared_prompt=True, pack_completions=False))
   c.mopd = mlc.ConfigDict(dict(steps=300))
 
   # The teacher must be good at the task for claim (c) to be a fair test: toy-small on verbose

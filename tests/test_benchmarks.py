@@ -113,12 +113,19 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   assert shared["first_loss"] == pytest.approx(step["first_loss"], rel=1e-5, abs=1e-7)
   assert shared["first_grad_norm"] == pytest.approx(step["first_grad_norm"], rel=1e-4)
   assert 0 < shared["compiled_flops"] < step["compiled_flops"]
+  # The packed step too, with fewer FLOPs still (completions of 2..4 of 4 tokens; the plan drops
+  # each row's last token).
+  packed = res["smjax"]["step_packed"]
+  assert packed["first_loss"] == pytest.approx(step["first_loss"], rel=1e-5, abs=1e-7)
+  assert packed["first_grad_norm"] == pytest.approx(step["first_grad_norm"], rel=1e-4)
+  assert 0 < packed["compiled_flops"] < shared["compiled_flops"]
   assert res["params"] > 0 and res["config"]["size"] == "tiny"
   # The peak is sampled after the (only) smjax round; without a peer no goal figure is made up.
   assert len(res["matmul_peak"]["runs_s"]) == 2 and res["matmul_peak"]["flops"] == 2 * 64 ** 3
   roof = res["roofline"]
   assert roof["step_flops"] == step["compiled_flops"] and "goal_fraction_of_peak" not in roof
   assert roof["shared_step_flops"] == shared["compiled_flops"]
+  assert roof["packed_step_flops"] == packed["compiled_flops"]
   assert "shared_goal_fraction_of_peak" not in roof
   assert roof["smjax_fraction_of_peak"] == pytest.approx(
       step["compiled_flops"] / step["median_s"] / res["matmul_peak"]["flops_per_s"])
@@ -138,7 +145,7 @@ def test_roofline_hand_values():
   assert r["goal_fraction_of_peak"] == pytest.approx(0.8)
   # A shared-prompt step of 30 GFLOP in 0.3 s: 50 % of the peak; at 2x the peer (0.25 s), 60 %.
   r = _peer_smjax.roofline(step_flops=40e9, peak_flops_per_s=200e9, smjax_s=0.4, peer_s=0.5,
-                           goal=2.0, shared=(30e9, 0.3))
+                           goal=2.0, variants={"shared": (30e9, 0.3)})
   assert r["shared_fraction_of_peak"] == pytest.approx(0.5)
   assert r["shared_goal_fraction_of_peak"] == pytest.approx(0.6)
 

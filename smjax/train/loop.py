@@ -104,7 +104,7 @@ class RLRun:
                evaluator=None, writer: MetricsWriter | None = None,
                ledger: FlopLedger | None = None, ref_params=None, ref_fn=None, router=None,
                flops_offset: float = 0.0, checkpoint_fn: Callable | None = None,
-               should_stop: Callable[[], bool] | None = None):
+               should_stop: Callable[[], bool] | None = None, pack: Callable | None = None):
     if algo not in ("grpo", "opd"):
       raise ValueError(f"RLRun: algo={algo!r}; expected 'grpo' or 'opd'")
     if algo == "opd" and router is None:
@@ -119,6 +119,7 @@ class RLRun:
     self.ref_params, self.ref_fn, self.router = ref_params, ref_fn, router
     self.flops_offset = flops_offset
     self.checkpoint_fn, self.should_stop = checkpoint_fn, should_stop
+    self.pack = pack  # batch -> batch with its packed stream (scoring.with_packing), or None
     self.curve: list[dict] = []
     self.next_eval_flops = loop.eval_every_flops or float("inf")
 
@@ -159,6 +160,8 @@ class RLRun:
 
   def _batch(self, res, rows, rewards, step: int):
     batch = rollout_batch(res, rewards_B=rewards)
+    if self.pack is not None:
+      batch = self.pack(batch)
     extra = {}
     if self.algo == "grpo" and self.ref_fn is not None:
       batch = batch.replace(ref_logp_BT=self.ref_fn(self.ref_params, batch))

@@ -36,7 +36,7 @@ from smjax.models.transformer import Transformer
 from smjax import sharded_kernels
 from smjax.rl import grpo as grpo_lib
 from smjax.rl import opd as opd_lib
-from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
+from smjax.rl.logprobs import token_logprobs
 from smjax.train import scoring
 from smjax.train.state import TrainState
 
@@ -52,6 +52,8 @@ class SequenceBatch:
   rewards_B: jax.Array | None = None        # GRPO
   teacher_logp_BT: jax.Array | None = None  # OPD "sampled"
   teacher_logits_BTV: jax.Array | None = None  # OPD "full_vocab" / "top_k"
+  # The packed completion stream [micro_batches, Tp] (scoring.with_packing; None: run padded).
+  pack_src_MT: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,9 +99,8 @@ def _sft_loss(model, params, batch: SequenceBatch, counts):
 
 def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mesh=None):
   keep = scoring.keep_width(cfg.logits_to_keep, batch, "GRPOConfig")
-  logits, win, targets, differ = scoring.policy_logits(model, params, batch, keep,
-                                                        cfg.shared_prompt_rows)
-  logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
+  logp, entropy_BT, _, win, _, guards = scoring.window_scores(model, params, batch, keep,
+                                                              cfg.shared_prompt_rows)
   loss, aux = sharded_kernels.grpo_loss_from_rewards(
       logp, win.old_logp_BT, win.ref_logp_BT if cfg.beta else None, win.rewards_B,
       win.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
@@ -108,14 +109,13 @@ def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mes
       num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
       mesh=mesh)
   aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return scoring.guard_window(loss, aux, batch, keep, differ)
+  return scoring.guard_window(loss, aux, batch, keep, guards)
 
 
 def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=None):
   keep = scoring.keep_width(cfg.logits_to_keep, batch, "OPDConfig")
-  logits, win, targets, differ = scoring.policy_logits(model, params, batch, keep,
-                                                        cfg.shared_prompt_rows)
-  logp, entropy_BT = token_logprobs_and_entropy(logits, targets)
+  logp, entropy_BT, logits, win, targets, guards = scoring.window_scores(
+      model, params, batch, keep, cfg.shared_prompt_rows, logits=cfg.objective != "sampled")
   # max_len: the full T, whatever the kept window (seq_mean_token_sum_norm's constant).
   kw = dict(mask_BT=win.loss_mask_BT, aggregation=cfg.aggregation,
             num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"],
@@ -129,7 +129,7 @@ def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=
                                  teacher_logits_BTV=win.teacher_logits_BTV, tokens_BT=targets,
                                  **kw)
   aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return scoring.guard_window(loss, aux, batch, keep, differ)
+  return scoring.guard_window(loss, aux, batch, keep, guards)
 
 
 # -------------------------------------------------------------------------------------- steps
