@@ -95,7 +95,7 @@ def study_defaults() -> mlc.ConfigDict:
       prompts_per_step=16, samples_per_prompt=8, max_new_tokens=12, temperature=1.0,
       learning_rate=1e-4, warmup_steps=0, clip_norm=1.0, advantage_mode="grpo", eps_low=0.2,
       eps_high=0.28, beta=0.0, kl_estimator="k3", aggregation="token_mean", micro_batches=1,
-      impl="auto", shared_prompt=True, pack_completions=False))
+      impl="auto", shared_prompt=True, pack_completions=True))
   c.joint = mlc.ConfigDict(dict(steps=1200))
   c.experts = mlc.ConfigDict(dict(steps=600))
 
@@ -107,7 +107,7 @@ def study_defaults() -> mlc.ConfigDict:
   c.opd = mlc.ConfigDict(dict(
       objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto",
-      shared_prompt=True, pack_completions=False))
+      shared_prompt=True, pack_completions=True))
   c.mopd = mlc.ConfigDict(dict(steps=300))
 
   # The teacher must be good at the task for claim (c) to be a fair test: toy-small on verbose

@@ -115,26 +115,29 @@ def _log_rows(wd, phase):
 
 
 def test_packed_completions_take_the_same_steps_with_fewer_flops(study, cache, tmp_path):
-  """rl.pack_completions / opd.pack_completions: the joint GRPO and MOPD steps on the packed
-  stream (scoring.with_packing). From the same base, the first step samples the same rollout and
-  takes the same update as the padded run's; the policy's training FLOPs are fewer."""
+  """rl.pack_completions / opd.pack_completions (on in the study above): the joint GRPO and MOPD
+  steps on the packed stream (scoring.with_packing). Run padded from the same base, the first
+  step samples the same rollout and takes the same update; the policy's training FLOPs are more."""
   wd, _ = study
-  packed_wd = tmp_path / "packed"
-  # The base is reused (it reads no rl.* field); joint, the experts and MOPD run packed.
-  shutil.copytree(os.path.join(wd, "seed_0", "base"), packed_wd / "seed_0" / "base")
+  padded_wd = tmp_path / "padded"
+  # The base is reused (it reads no rl.* field); joint, the experts and MOPD run padded.
+  shutil.copytree(os.path.join(wd, "seed_0", "base"), padded_wd / "seed_0" / "base")
   args = [a for a in MINI if not a.startswith("--config.phases")] + [
-      "--config.phases=('base','joint','experts','mopd')", "--config.rl.pack_completions=True",
-      "--config.opd.pack_completions=True"]
-  r = _main(args, packed_wd, cache, timeout=900)
+      "--config.phases=('base','joint','experts','mopd')", "--config.rl.pack_completions=False",
+      "--config.opd.pack_completions=False"]
+  r = _main(args, padded_wd, cache, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   for phase in ("joint_grpo", "mopd"):
-    padded, packed = _log_rows(wd, phase)[0], _log_rows(packed_wd, phase)[0]
+    padded, packed = _log_rows(padded_wd, phase)[0], _log_rows(wd, phase)[0]
     assert packed["pack_plan_errors"] == 0 and "pack_plan_errors" not in padded
     for key in ("loss", "grad_norm", "reward/mean", "response_length"):
       assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (phase, key)
-    f_padded = phase_result(wd, phase)["ledger"]["flops"]["train/policy"]
-    f_packed = phase_result(packed_wd, phase)["ledger"]["flops"]["train/policy"]
+    f_padded = phase_result(padded_wd, phase)["ledger"]["flops"]["train/policy"]
+    f_packed = phase_result(wd, phase)["ledger"]["flops"]["train/policy"]
     assert f_packed < 0.95 * f_padded, (phase, f_packed, f_padded)
+  # MOPD's teachers score the packed rows too.
+  teacher = lambda d: phase_result(d, "mopd")["ledger"]["flops"]["train/teacher"]  # noqa: E731
+  assert teacher(wd) < 0.95 * teacher(padded_wd)
 
 
 def test_finished_phases_are_not_run_again(study, cache):

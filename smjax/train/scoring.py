@@ -20,14 +20,15 @@ FLOPs on prompt tokens. Rows of one block whose prompt columns differ make the l
 is skipped) and are counted in the `rows_not_sharing_prompt` metric.
 
 Packed completions (a batch carrying `pack_src_MT`, made on the host by `with_packing`; needs
-`logits_to_keep`): the completion tokens of all rows run as one stream without their padding, and
-without each row's tokens past its last scored target (a completion's last token predicts
-nothing). The prompt runs first, as above (once per block with `shared_prompt_rows`, else once
-per row), and the stream attends to it and to its own row through the model's packed-rows call
-(smjax.models.transformer.PackedRows). Projections, MLP and LM head then skip the padding, which
-was a third of the completion positions in the peer benchmark's batch; the result is that of the
-padded forward. A plan that does not cover every scored target of its batch, or is not a prefix
-of each row, makes the loss NaN (the step is skipped) and is counted in `pack_plan_errors`.
+`logits_to_keep`): one model call runs a single stream: the prompts (each block's once with
+`shared_prompt_rows`, else each row's), then the completion tokens of all rows without their
+padding and without each row's tokens past its last scored target (a completion's last token
+predicts nothing); each completion row attends to its prompt and its own earlier tokens through
+the model's packed-rows call (smjax.models.transformer.PackedRows). Projections, MLP and LM head
+then skip the padding, which was a third of the completion positions in the peer benchmark's
+batch and two thirds in the toy study's; the result is that of the padded forward. A plan that
+does not cover every scored target of its batch, is not a prefix of each row or repeats a token
+makes the loss NaN (the step is skipped) and is counted in `pack_plan_errors`.
 
 `make_logprob_fn` / `make_logits_fn` compute the same window for the reference model and the OPD
 teachers (smjax.rl.teachers), padded back to T columns.
