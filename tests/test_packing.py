@@ -20,7 +20,8 @@ from smjax.models.transformer import PackedRows, Transformer, init_params
 from smjax.train import scoring
 from smjax.train import steps as st
 from smjax.train.state import create_state
-from test_shared_prompt import CFGS, C, G, PROMPTS, B, T, grouped_batch, _same
+from test_shared_prompt import (CFGS, C, G, PROMPTS, B, T, assert_skipped, grouped_batch, _same,
+                                two_teachers)
 
 batch = grouped_batch(seed=11)
 counts = st._counts(batch)
@@ -159,10 +160,7 @@ def test_a_plan_that_does_not_fit_skips_the_step():
   for bad in (dropped_last, hole, repeated, other):
     s0 = create_state(params, tx)
     s1, m = step(s0, batch.replace(pack_src_MT=jnp.asarray(bad)))
-    assert float(m["finite"]) == 0 and float(m["pack_plan_errors"]) >= 1
-    assert int(s1.step) == 0
-    for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params)):
-      np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    assert_skipped(s0, s1, m, "pack_plan_errors")
 
 
 def test_impossible_settings_are_value_errors():
@@ -190,14 +188,9 @@ def test_impossible_settings_are_value_errors():
 
 @pytest.mark.parametrize("want_logits", [False, True])
 def test_teacher_router_scores_same_as_padded(want_logits):
-  from smjax.rl.teachers import Teacher, TeacherRouter  # pylint: disable=import-outside-toplevel
+  from smjax.rl.teachers import TeacherRouter  # pylint: disable=import-outside-toplevel
   student = CFGS["qwen3"]
-  # Two teachers of different shapes; prompts 0 and 2 go to "math", prompt 1 to "code", so each
-  # teacher's rows are padded (by whole blocks) to its row bucket, then packed.
-  t_cfg = student.replace(d_model=48, d_ff=64, n_layers=1)
-  teachers = [Teacher("m", student, init_params(student, jax.random.key(8)), ("math",)),
-              Teacher("c", t_cfg, init_params(t_cfg, jax.random.key(9)), ("code",))]
-  domains = ["math"] * G + ["code"] * G + ["math"] * G
+  teachers, domains = two_teachers(student)   # each teacher's rows padded, then packed
   kw = dict(want_logits=want_logits, logits_to_keep=C, shared_prompt_rows=G)
   s0, calls0, rows0 = TeacherRouter(student, teachers, **kw).score(batch, domains)
   s1, calls1, rows1 = TeacherRouter(student, teachers, **kw, pack_completions=True).score(

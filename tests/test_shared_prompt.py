@@ -64,6 +64,14 @@ batch = grouped_batch()
 counts = st._counts(batch)
 
 
+def assert_skipped(s0, s1, metrics, guard):
+  """The step reported itself non-finite, counted `guard`, and left the state as it was."""
+  assert float(metrics["finite"]) == 0 and float(metrics[guard]) >= 1
+  assert int(s1.step) == int(s0.step)
+  for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params)):
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
 def _same(params, f_plain, f_shared, guards=("rows_not_sharing_prompt",)):
   """f_shared's loss, gradient and metrics equal f_plain's, and its `guards` counts are 0."""
   (l0, a0), g0 = jax.jit(jax.value_and_grad(f_plain, has_aux=True))(params)
@@ -157,10 +165,7 @@ def test_rows_with_different_prompts_skip_the_step():
                       attn_mask_BS=batch.attn_mask_BS.at[G + 2, P - 2].set(True))
   s0 = create_state(params, tx)
   s1, m = jax.jit(sd.step)(s0, bad)
-  assert float(m["finite"]) == 0 and float(m["rows_not_sharing_prompt"]) >= 1
-  assert int(s1.step) == 0
-  for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params)):
-    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+  assert_skipped(s0, s1, m, "rows_not_sharing_prompt")
 
 
 def test_impossible_settings_are_value_errors():
@@ -182,16 +187,21 @@ def test_impossible_settings_are_value_errors():
     step(logits_to_keep=C, shared_prompt_rows=3, micro_batches=3)
 
 
-@pytest.mark.parametrize("want_logits", [False, True])
-def test_teacher_router_scores_same_as_unshared(want_logits):
-  from smjax.rl.teachers import Teacher, TeacherRouter  # pylint: disable=import-outside-toplevel
-  student = CFGS["qwen3"]
-  # Two teachers of different shapes; prompt 0 and 2 go to "math", prompt 1 to "code", so each
-  # teacher's rows are padded (by whole blocks) to its row bucket.
+def two_teachers(student):
+  """Two teachers of different shapes, and domain tags routing prompts 0 and 2 to "math" and
+  prompt 1 to "code": each teacher's rows are padded (by whole blocks) to its row bucket."""
+  from smjax.rl.teachers import Teacher  # pylint: disable=import-outside-toplevel
   t_cfg = student.replace(d_model=48, d_ff=64, n_layers=1)
   teachers = [Teacher("m", student, init_params(student, jax.random.key(7)), ("math",)),
               Teacher("c", t_cfg, init_params(t_cfg, jax.random.key(8)), ("code",))]
-  domains = ["math"] * G + ["code"] * G + ["math"] * G
+  return teachers, ["math"] * G + ["code"] * G + ["math"] * G
+
+
+@pytest.mark.parametrize("want_logits", [False, True])
+def test_teacher_router_scores_same_as_unshared(want_logits):
+  from smjax.rl.teachers import TeacherRouter  # pylint: disable=import-outside-toplevel
+  student = CFGS["qwen3"]
+  teachers, domains = two_teachers(student)
   plain = TeacherRouter(student, teachers, want_logits=want_logits)
   shared = TeacherRouter(student, teachers, want_logits=want_logits, logits_to_keep=C,
                          shared_prompt_rows=G)
