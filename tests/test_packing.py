@@ -16,7 +16,8 @@ import optax
 import pytest
 
 from smjax.flops import executable_flops
-from smjax.models.transformer import PackedRows, Transformer, init_params
+from smjax.models.attention import PackedRows
+from smjax.models.transformer import Transformer, init_params
 from smjax.train import scoring
 from smjax.train import steps as st
 from smjax.train.state import create_state

@@ -45,7 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smjax.models.transformer import KVCache, PackedRows, Transformer, init_cache, lm_head
+from smjax.models.attention import PackedRows
+from smjax.models.transformer import KVCache, Transformer, init_cache, lm_head
 from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
 
 if TYPE_CHECKING:
