@@ -16,7 +16,7 @@ What is timed here:
   FLOPs; neither peer does this.
 - step_packed: the shared-prompt step on the batch packed by `scoring.with_packing`: the
   completions run as one stream without their padding and without each row's last token (which
-  predicts nothing), attention alone back in the padded row layout (smjax.models.transformer
+  predicts nothing), attention alone back in the padded row layout (smjax.models.attention
   PackedRows). The same update again (checked against the peer's first loss and gradient norm),
   fewer FLOPs still: the batch's completions are 32-64 of 64 tokens, 697 real of 1024.
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the

@@ -24,7 +24,7 @@ Packed completions (a batch carrying `pack_src_MT`, made on the host by `with_pa
 `shared_prompt_rows`, else each row's), then the completion tokens of all rows without their
 padding and without each row's tokens past its last scored target (a completion's last token
 predicts nothing); each completion row attends to its prompt and its own earlier tokens through
-the model's packed-rows call (smjax.models.transformer.PackedRows). Projections, MLP and LM head
+the model's packed-rows call (smjax.models.attention.PackedRows). Projections, MLP and LM head
 then skip the padding, which was a third of the completion positions in the peer benchmark's
 batch and two thirds in the toy study's; the result is that of the padded forward. A plan that
 does not cover every scored target of its batch, is not a prefix of each row or repeats a token
