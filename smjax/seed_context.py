@@ -208,6 +208,6 @@ def _packer(keep: int, micro_batches: int, rows: int, on: bool):
   phase compiles its step for at most 8 lengths."""
   if not on:
     return None
-  bucket = max(keep, rows // micro_batches * keep // 8)
+  bucket = scoring.eighth_bucket(rows // micro_batches, keep)
   return lambda batch: scoring.with_packing(batch, keep, micro_batches=micro_batches,
                                             bucket=bucket)

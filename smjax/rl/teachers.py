@@ -24,7 +24,7 @@ import numpy as np
 
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.models.transformer import ModelConfig, Transformer
-from smjax.train.scoring import make_logits_fn, make_logprob_fn, with_packing
+from smjax.train.scoring import eighth_bucket, make_logits_fn, make_logprob_fn, with_packing
 from smjax.train.steps import SequenceBatch
 
 
@@ -135,7 +135,7 @@ class TeacherRouter:
           attn_mask_BS=batch.attn_mask_BS, loss_mask_BT=batch.loss_mask_BT))
       if self.pack_completions:
         keep = self.logits_to_keep
-        sub = with_packing(sub, keep, bucket=max(keep, R * keep // 8))
+        sub = with_packing(sub, keep, bucket=eighth_bucket(R, keep))
       scores = self._fns[i](t.params, sub)
       out = out.at[rows].set(scores[:rows.size].astype(jnp.float32))
       attn = np.asarray(batch.attn_mask_BS)[rows]

@@ -167,6 +167,12 @@ def pack_plan(loss_mask_BT, keep: int, *, micro_batches: int = 1,
   return out
 
 
+def eighth_bucket(rows: int, keep: int) -> int:
+  """A `pack_plan` bucket of an eighth of `rows` x `keep` completion columns (at least `keep`):
+  a loop over batches of varying lengths compiles its step for at most 8 stream lengths."""
+  return max(keep, rows * keep // 8)
+
+
 def with_packing(batch: SequenceBatch, logits_to_keep: int, *, micro_batches: int = 1,
                  bucket: int | None = None) -> SequenceBatch:
   """`batch` carrying its packed stream (`pack_plan` of its loss mask), which the GRPO and OPD
