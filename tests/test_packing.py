@@ -16,12 +16,12 @@ import optax
 import pytest
 
 from smjax.flops import executable_flops
-from smjax.models.attention import PackedRows
+from smjax.models.attention import PackedRows, packed_attention
 from smjax.models.transformer import Transformer, init_params
 from smjax.train import scoring
 from smjax.train import steps as st
 from smjax.train.state import create_state
-from test_shared_prompt import (CFGS, C, G, PROMPTS, B, T, assert_skipped, grouped_batch, _same,
+from test_shared_prompt import (CFGS, C, G, P, PROMPTS, B, T, assert_skipped, grouped_batch, _same,
                                 two_teachers)
 
 batch = grouped_batch(seed=11)
@@ -130,15 +130,19 @@ def test_micro_batched_packed_step_same_and_fewer_flops():
   # The weight matmuls of the completion columns the plan leaves out no longer run, forward and
   # backward (x3, 2 FLOPs per weight and token): the layers ran on B * C columns and now on the
   # plan's tokens, the LM head on the B * C window columns and now on those tokens and the B
-  # prompt rows. The moves between stream and rows cost a little; the per-token norms, RoPE and
-  # log-softmax that no longer run save more (~1.37x here, with d_model 32); the measured saving
-  # must be within [0.8, 1.5] of the weights' share.
+  # prompt rows. The last layer's queries, output projection and MLP run on each prompt's last
+  # column alone (PackedRows.scored_rows), not on its other P - 1. The moves between stream and
+  # rows cost a little; the per-token norms, RoPE and log-softmax that no longer run save more
+  # (~1.3x here, with d_model 32); the measured saving must be within [0.8, 1.5] of the weights'.
   d, f, n, k, h, v = (cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                       cfg.vocab_size)
   layers = 3 * 2 * (d * n * h * 2 + 2 * d * k * h + 3 * d * f) * cfg.n_layers
+  last_layer_queries = 3 * 2 * (d * n * h * 2 + 3 * d * f)
   kept = int(np.sum(np.asarray(batch.loss_mask_BT).sum(1) - 1))
-  expected = layers * (B * C - kept) + 3 * 2 * d * v * (B * C - kept - B)
+  expected = (layers * (B * C - kept) + 3 * 2 * d * v * (B * C - kept - B)
+              + last_layer_queries * PROMPTS * (P - 1))
   saved = flops[0] - flops[1]
+  print(f"measured / analytic saving: {saved / expected:.3f}")
   assert 0.8 * expected <= saved <= 1.5 * expected, (flops, expected)
 
 
@@ -185,6 +189,11 @@ def test_impossible_settings_are_value_errors():
   for tokens in (jnp.zeros((2, 20), jnp.int32), jnp.zeros((1, 12), jnp.int32)):
     with pytest.raises(ValueError, match="packed rows take no cache and tokens as one stream"):
       model.apply({"params": params}, tokens, packed=packed)
+  # Attention of that 20-token stream takes all 20 queries or the 8 + 3 scored rows.
+  q, kv = jnp.zeros((1, 13, 4, 8)), jnp.zeros((1, 20, 2, 8))
+  with pytest.raises(ValueError, match=r"13 queries for a stream of 20 tokens; expected 20 "
+                                       r"\(all\) or 11"):
+    packed_attention(packed, q, kv, kv, jnp.ones((1, 20), bool), jnp.float32)
 
 
 @pytest.mark.parametrize("want_logits", [False, True])

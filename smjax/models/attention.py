@@ -9,7 +9,10 @@ rows). Every per-token op (projections, MLP, norms, LM head) runs on the L strea
 product; attention alone moves the completion's queries, keys and values to the [B, C] row layout
 (zeros where a row has no stream token, masked out of the keys), where each row sees its prompt
 and its own earlier columns, and moves the output back. The weight matmuls, which dominate, skip
-the padding and run each prompt once; the attention scores keep the padded row layout.
+the padding and run each prompt once; the attention scores keep the padded row layout. The last
+layer computes no more than a score reads (`PackedRows.scored_rows`): its queries, attention
+output, MLP and final norm run on each prompt's last column and the completion slots, while its
+keys and values still cover every prompt token.
 
 Einsum letters: B batch, T query time, S key slots, N query heads, K kv heads, G query heads per kv
 head (N = K·G), H head dim, L stream length, Bp prompts, P prompt columns, C completion columns.
@@ -40,22 +43,31 @@ def attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt) -> jax.Array:
   return out_BTKGH.reshape(B, T, N * H)
 
 
-def packed_attention(packed: PackedRows, q_1LNH, k_1LKH, v_1LKH, mask_1L, dt) -> jax.Array:
+def packed_attention(packed: PackedRows, q_1QNH, k_1LKH, v_1LKH, mask_1L, dt) -> jax.Array:
   """Attention of a packed stream (module docstring): each prompt causally over itself, each
-  completion row over its prompt and its own earlier columns. Returns [1, L, N·H]."""
+  completion row over its prompt and its own earlier columns. Returns [1, Q, N·H] for queries
+  [1, Q, N, H]: either every stream token (Q = L) or the scored rows alone (Q = Bp + L - Bp·P,
+  `PackedRows.scored_rows`: each prompt's last column, then the completion slots)."""
   Bp, P = packed.prompt_valid_BpP.shape
   B, C = packed.slot_BC.shape
   Lp = Bp * P
   r = B // Bp
+  L = k_1LKH.shape[1]
+  Qp = {L: Lp, L - Lp + Bp: Bp}.get(q_1QNH.shape[1])  # prompt queries: all, or each last column
+  if Qp is None:
+    raise ValueError(f"packed_attention: {q_1QNH.shape[1]} queries for a stream of {L} tokens; "
+                     f"expected {L} (all) or {L - Lp + Bp} (the scored rows)")
   heads_first = lambda x: x.transpose(0, 2, 1, 3)  # [., S, K, H] -> [., K, S, H]
   # Prompts: [Bp, P] rows, causal, real tokens only.
-  qp, kp, vp = (x[0, :Lp].reshape((Bp, P) + x.shape[2:]) for x in (q_1LNH, k_1LKH, v_1LKH))
+  qp = q_1QNH[0, :Qp].reshape((Bp, Qp // Bp) + q_1QNH.shape[2:])
+  kp, vp = (x[0, :Lp].reshape((Bp, P) + x.shape[2:]) for x in (k_1LKH, v_1LKH))
   causal_PP = jnp.arange(P)[None, :] <= jnp.arange(P)[:, None]
   prompt_out = attend(qp, heads_first(kp), heads_first(vp),
-                       causal_PP[None] & packed.prompt_valid_BpP[:, None, :], dt)
+                      causal_PP[None, P - Qp // Bp:] & packed.prompt_valid_BpP[:, None, :], dt)
   # Completions: [B, C] rows; keys are the row's prompt (broadcast from its block) then its own
   # columns up to the query's.
-  qc, kc, vc = (packed.to_rows(x[:, Lp:]) for x in (q_1LNH, k_1LKH, v_1LKH))
+  qc = packed.to_rows(q_1QNH[:, Qp:])
+  kc, vc = (packed.to_rows(x[:, Lp:]) for x in (k_1LKH, v_1LKH))
   valid_BC = packed.to_rows(mask_1L[:, Lp:, None])[..., 0].astype(bool)
   to_rows = lambda x: jnp.broadcast_to(x[:, None], (Bp, r) + x.shape[1:]).reshape(
       (B,) + x.shape[1:])
@@ -66,7 +78,7 @@ def packed_attention(packed: PackedRows, q_1LNH, k_1LKH, v_1LKH, mask_1L, dt) ->
       jnp.broadcast_to(to_rows(packed.prompt_valid_BpP)[:, None, :], (B, C, P)),
       causal_CC[None] & valid_BC[:, None, :]], axis=2)
   completion_out = attend(qc, keys, values, visible, dt)
-  return jnp.concatenate([prompt_out.reshape(1, Lp, -1), packed.to_stream(completion_out)],
+  return jnp.concatenate([prompt_out.reshape(1, Qp, -1), packed.to_stream(completion_out)],
                          axis=1)
 
 
@@ -86,6 +98,13 @@ class PackedRows:
   @property
   def prompt_tokens(self) -> int:
     return self.prompt_valid_BpP.size
+
+  def scored_rows(self, x_1LX: jax.Array) -> jax.Array:
+    """The stream rows [1, L, ...] whose final hidden states a score reads: each prompt's last
+    column (it predicts the first completion token), then the completion slots ->
+    [1, Bp + L - Bp·P, ...]. The decoder's last layer runs on these rows alone."""
+    Bp, P = self.prompt_valid_BpP.shape
+    return jnp.concatenate([x_1LX[:, P - 1:Bp * P:P], x_1LX[:, Bp * P:]], axis=1)
 
   def to_rows(self, x_1TX: jax.Array) -> jax.Array:
     """Completion stream [1, T, ...] -> rows [B, C, ...], zeros where a row has no stream token."""

@@ -13,7 +13,9 @@ masked out of the keys, and `positions_BT` carries the RoPE positions (for a lef
 
 Packed rows (`packed=PackedRows(...)`, no cache): the tokens come as one stream [1, L], the
 prompts and then only the completion tokens that matter, without padding; every per-token op runs
-on the stream and only attention moves to the padded rows (smjax.models.attention).
+on the stream and only attention moves to the padded rows (smjax.models.attention). The call
+returns the rows a score reads (`PackedRows.scored_rows`: each prompt's last column, then the
+completion slots), which the last layer computes alone.
 
 Einsum letters: B batch, T query time, S key slots, D model dim, N query heads, K kv heads,
 G query heads per kv head (N = K·G), H head dim, F mlp dim, V vocab, L layers, M = B·T rows.
@@ -158,7 +160,9 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, T, H/2] (float32) of the RoPE angles; computed once, shared by all layers."""
   angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
-  return jnp.cos(angles_BTh), jnp.sin(angles_BTh)
+  # The barrier keeps the tables as arrays: without it XLA fuses cos/sin into every consumer and
+  # evaluates them again per head, per layer, forward and backward.
+  return jax.lax.optimization_barrier((jnp.cos(angles_BTh), jnp.sin(angles_BTh)))
 
 
 def rotate(x_BTNH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
@@ -217,28 +221,31 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None):
+  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None,
+               scored_only=False):
+    """`scored_only` (packed only): queries and output for `packed.scored_rows` alone."""
     cfg = self.cfg
     D, N, K, H = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
 
-    def proj(name, heads, axes):
+    def proj(name, heads, axes, x=x_BTD):
       w = self.param(name, nn.with_logical_partitioning(_dense_init(D), ("embed", axes, "head_dim")),
                      (D, heads, H), pdt)
-      y = dense(x_BTD, w.astype(dt))  # BTD,DNH->BTNH
+      y = dense(x, w.astype(dt))  # BTD,DNH->BTNH
       if cfg.qkv_bias:
         b = self.param(name + "_bias", nn.with_logical_partitioning(
             nn.initializers.zeros, (axes, "head_dim")), (heads, H), pdt)
         y = y + b.astype(dt)
       return y
 
-    q_BTNH = proj("q", N, "q_heads")
+    q_rows = packed.scored_rows if scored_only else lambda x: x
+    q_BTNH = proj("q", N, "q_heads", q_rows(x_BTD))
     k_BTKH = proj("k", K, "kv_heads")
     v_BTKH = proj("v", K, "kv_heads")
     if cfg.qk_norm:
       q_BTNH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="q_norm")(q_BTNH)
       k_BTKH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="k_norm")(k_BTKH)
-    q_BTNH = rotate(q_BTNH, *rope_BTh)
+    q_BTNH = rotate(q_BTNH, *map(q_rows, rope_BTh))
     k_BTKH = rotate(k_BTKH, *rope_BTh)
     wo = self.param("o", nn.with_logical_partitioning(_dense_init(N * H),
                                                       ("q_heads", "head_dim", "embed")),
@@ -292,12 +299,15 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None):
+  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None,
+               scored_only=False):
     cfg = self.cfg
     pdt = cfg.jnp_param_dtype
     h = RMSNorm(cfg.rms_norm_eps, pdt, name="input_norm")(x_BTD)
     attn_out, new_layer_cache = Attention(cfg, name="attn")(h, rope_BTh, mask_BT, layer_cache,
-                                                            cache_index, packed)
+                                                            cache_index, packed, scored_only)
+    if scored_only:
+      x_BTD = packed.scored_rows(x_BTD)
     x_BTD = x_BTD + attn_out
     h = RMSNorm(cfg.rms_norm_eps, pdt, name="post_attn_norm")(x_BTD)
     return x_BTD + MLP(cfg, name="mlp")(h), new_layer_cache
@@ -337,8 +347,11 @@ class Transformer(nn.Module):
     rope_BTh = rope_cos_sin(positions_BT, rope_inv_freq(cfg))  # (cos, sin), shared by the layers
     for layer in range(cfg.n_layers):
       layer_cache = None if cache is None else (cache.k[layer], cache.v[layer], valid_BS)
-      x_BTD, new_layer_cache = Block(cfg, name=f"layers_{layer}")(x_BTD, rope_BTh, mask_BT,
-                                                                 layer_cache, cache_index, packed)
+      # A packed stream's last layer runs its queries, MLP and the final norm on the rows a
+      # score reads alone (PackedRows.scored_rows), so a packed call returns those rows.
+      last = packed is not None and layer == cfg.n_layers - 1
+      x_BTD, new_layer_cache = Block(cfg, name=f"layers_{layer}")(
+          x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed, last)
       if new_layer_cache is not None:
         new_k.append(new_layer_cache[0])
         new_v.append(new_layer_cache[1])

@@ -218,9 +218,8 @@ def _packed_scores(model: Transformer, params, batch: SequenceBatch, keep: int, 
       {"params": params}, stream(p_tokens, batch.tokens_BS),
       stream(p_positions, batch.positions_BS),
       stream(p_mask, batch.attn_mask_BS).astype(bool), packed=packed, return_hidden=True)
-  Bp = p_mask.shape[0]
-  last_BD = to_rows(hidden_1LD[0, :p_mask.size].reshape(Bp, P, -1)[:, -1])
-  rows_1RD = jnp.concatenate([last_BD, hidden_1LD[0, p_mask.size:]])[None]  # R = B + Tp rows
+  Bp = p_mask.shape[0]  # the packed call returns each prompt's last column, then the slots
+  rows_1RD = jnp.concatenate([to_rows(hidden_1LD[0, :Bp]), hidden_1LD[0, Bp:]])[None]  # B + Tp
   next_BC = jnp.pad(batch.tokens_BS[:, P + 1:], ((0, 0), (0, 1)))  # the token column c predicts
   targets_1R = jnp.concatenate([batch.tokens_BS[:, P], flat(next_BC)])[None]
   logits_1RV = lm_head(params, model.cfg, rows_1RD)

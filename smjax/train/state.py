@@ -58,10 +58,24 @@ def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:
   return optax.join_schedules([warm, after], [cfg.warmup_steps])
 
 
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+  """`optax.clip_by_global_norm`, the same arithmetic, that takes the global norm from the
+  caller when given (`update(..., grad_norm=norm)`): the steps have it already for their metrics
+  and non-finite check, and recomputing it inside their update branch costs a pass over all
+  gradients (~2 % of a small GRPO step on CPU)."""
+  def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+    del params, extra_args
+    g_norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
+    trigger = jnp.squeeze(g_norm < max_norm)
+    clip = lambda t: jax.lax.select(trigger, t, (t / g_norm.astype(t.dtype)) * max_norm)
+    return jax.tree.map(clip, updates), state
+  return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
+
+
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   chain = []
   if cfg.clip_norm:
-    chain.append(optax.clip_by_global_norm(cfg.clip_norm))
+    chain.append(clip_by_global_norm(cfg.clip_norm))
   chain.append(optax.adamw(learning_rate_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
                            weight_decay=cfg.weight_decay))
   return optax.chain(*chain)
