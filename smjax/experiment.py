@@ -94,8 +94,9 @@ def phase_base(ctx: SeedContext) -> PhaseOutput:
 
 def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains, steps: int,
               stream_seed: int, flops_offset: float = 0.0, router: TeacherRouter | None = None,
-              heldout_domains=None) -> PhaseOutput:
-  """One GRPO or OPD phase from `init_params_`, resumable from its checkpoints."""
+              heldout_domains=None, eval_refine: int = 1) -> PhaseOutput:
+  """One GRPO or OPD phase from `init_params_`, resumable from its checkpoints; evaluated every
+  study eval interval / `eval_refine` training FLOPs."""
 
   def fn():
     c = ctx.config
@@ -104,7 +105,7 @@ def _rl_phase(ctx: SeedContext, phase: str, *, algo: str, init_params_, domains,
         steps=steps, prompts_per_step=rl.prompts_per_step,
         samples_per_prompt=rl.samples_per_prompt, max_new_tokens=c.rl.max_new_tokens,
         temperature=rl.temperature, eval_every_steps=c.eval.every_steps,
-        eval_every_flops=ctx.eval_every_flops, log_every=c.log_every,
+        eval_every_flops=ctx.eval_every_flops / eval_refine, log_every=c.log_every,
         seed=ctx.seed * 7919 + stream_seed, progress=c.progress)
     tx = ctx.rl_tx if algo == "grpo" else ctx.opd_tx
     step = ctx.grpo_step if algo == "grpo" else ctx.opd_step
@@ -273,7 +274,7 @@ def _self_teacher(ctx: SeedContext, joint: PhaseOutput, external: PhaseOutput, t
     router = None if teacher is None else ctx.teacher_router([teacher])
     out = _rl_phase(ctx, name, algo=algo, init_params_=degraded.params, domains=[rec_d],
                     steps=st.recover_steps, stream_seed=60 + i, router=router,
-                    heldout_domains=[rec_d])
+                    heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
     arms.append(ArmResult(name, ctx.seed, out.curve, train(out), group="recovery", target=target,
                           distill_flops=sum(train(out).values()) if algo == "opd" else 0.0))
   return arms

@@ -37,7 +37,7 @@ PHASE_INDEPENDENT_FIELDS = {
                         + _RL_TRAINING,
     "external_opd": ("joint", "experts", "mopd", "self_teacher"),
     # The self-teacher arms start from joint GRPO's final model (degrade) and its descendants.
-    "degrade": ("experts", "mopd", "external", "opd"),
+    "degrade": ("experts", "mopd", "external", "opd", "self_teacher.eval_refine"),
     "recover_self": ("experts", "mopd", "external"),
     "recover_grpo": ("experts", "mopd", "external", "opd"),
     "recover_external": ("experts", "mopd", "external.steps"),
@@ -120,7 +120,10 @@ def study_defaults() -> mlc.ConfigDict:
 
   c.self_teacher = mlc.ConfigDict(dict(
       degrade_domain="code", recover_domain="math", degrade_steps=300, recover_steps=200,
-      recover_target_fraction=0.9))
+      recover_target_fraction=0.9,
+      # The recovery arms are evaluated this many times as often as the rest (every
+      # eval interval / eval_refine FLOPs): they are short, and their FLOPs to target is the claim.
+      eval_refine=4))
 
   c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128))
   c.report = mlc.ConfigDict(dict(target_fraction=0.9, reference_arm="joint_grpo"))
@@ -164,6 +167,9 @@ def validate(c: mlc.ConfigDict) -> None:
                          f"config.domains={list(c.domains)}")
     if c.self_teacher.degrade_domain == c.self_teacher.recover_domain:
       raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ")
+    if int(c.self_teacher.eval_refine) < 1:
+      raise ValueError(f"config.self_teacher.eval_refine={c.self_teacher.eval_refine} must be "
+                       ">= 1 (1: the recovery arms are evaluated as often as the others)")
   if c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0:
     raise ValueError("config.eval.every_steps / every_flops / points must be >= 0")
 

@@ -258,3 +258,24 @@ def test_kill9_grpo_and_opd_resume_exactly(tmp_path, cache):
     assert a["curve"] == b["curve"], phase
     for x, y in zip(_final_params(ref, phase), _final_params(wd, phase)):
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
+  from smjax import study_config  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint import config_diff  # pylint: disable=import-outside-toplevel
+  c = study_config.study_defaults()
+  c.phases = tuple(c.phases) + ("self_teacher",) if "self_teacher" not in c.phases else c.phases
+  study_config.validate(c)
+  bad = study_config.study_defaults()
+  bad.phases = c.phases
+  bad.self_teacher.eval_refine = 0
+  with pytest.raises(ValueError, match=r"config\.self_teacher\.eval_refine=0 must be >= 1"):
+    study_config.validate(bad)
+  finer = study_config.study_defaults()
+  finer.self_teacher.eval_refine = 8
+  old, new = study_config.study_defaults().to_dict(), finer.to_dict()
+  for phase in ("base", "joint_grpo", "mopd", "degrade"):   # reused as they are
+    assert config_diff(old, new, study_config.phase_independent_fields(phase)) == [], phase
+  for phase in ("recover_self", "recover_grpo", "recover_external"):   # rerun
+    assert config_diff(old, new, study_config.phase_independent_fields(phase)) == [
+        "self_teacher.eval_refine: 4 -> 8"], phase
