@@ -10,14 +10,14 @@ seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs,
 `main`: only the main comparison's phases (base, joint GRPO, experts, MOPD: claims (a), (b)), as
 `demo` always runs.
 
-Expected runtime on a 2-core CPU (measured 2026-11-30, with the shared-prompt and packed steps,
-idle machine): demo 3 min 16 s; two_domain,full about an hour through `make study` (three seeds
-as parallel processes; every phase after the base and the external teacher took 14 min 22 s, the
-two SFT phases most of the rest); four_domain,full,main 12 min 49 s after its SFT bases (18 min
-46 s with them, before packing); four_domain,full with the external and self teachers not yet
-run. Expected result: README "The toy
-study" (numbers measured with these configs, whatever they say about the paper's claims: at this
-scale joint GRPO beats split-then-merge per FLOP).
+Expected runtime on a 2-core CPU (measured 2026-12-01, with the shared-prompt and packed steps,
+idle machine): demo 3 min 18 s; two_domain,full about an hour through `make study` (three seeds
+as parallel processes; every phase after the base and the external teacher took 14 min 42 s, the
+two SFT phases most of the rest); four_domain,full,main 13 min 25 s after its SFT bases (18 min
+46 s with them, measured 2026-11-30 before packing); four_domain,full with the external and self
+teachers not yet run. Expected result: README "The toy study" (numbers measured with these
+configs, whatever they say about the paper's claims: at this scale joint GRPO beats
+split-then-merge per FLOP).
 """
 
 from smjax.study_config import parse_arg, study_defaults

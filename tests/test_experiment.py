@@ -272,10 +272,11 @@ def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
   with pytest.raises(ValueError, match=r"config\.self_teacher\.eval_refine=0 must be >= 1"):
     study_config.validate(bad)
   finer = study_config.study_defaults()
-  finer.self_teacher.eval_refine = 8
+  default = int(finer.self_teacher.eval_refine)
+  finer.self_teacher.eval_refine = 2 * default
   old, new = study_config.study_defaults().to_dict(), finer.to_dict()
   for phase in ("base", "joint_grpo", "mopd", "degrade"):   # reused as they are
     assert config_diff(old, new, study_config.phase_independent_fields(phase)) == [], phase
   for phase in ("recover_self", "recover_grpo", "recover_external"):   # rerun
     assert config_diff(old, new, study_config.phase_independent_fields(phase)) == [
-        "self_teacher.eval_refine: 4 -> 8"], phase
+        f"self_teacher.eval_refine: {default} -> {2 * default}"], phase
