@@ -12,7 +12,8 @@ seed, the 2-core-CPU budget of `make demo`) or `full` (three seeds, longer runs,
 
 Expected runtime on a 2-core CPU (measured 2026-12-01, with the shared-prompt and packed steps,
 idle machine): demo 3 min 18 s; two_domain,full about an hour through `make study` (three seeds
-as parallel processes; every phase after the base and the external teacher took 14 min 42 s, the
+as parallel processes; every phase after the base and the external teacher about 19 min: 14 min
+42 s with 300 degrade steps, and the self-teacher phases at the defaults took 7 min 33 s; the
 two SFT phases most of the rest); four_domain,full,main 13 min 25 s after its SFT bases (18 min
 46 s with them, measured 2026-11-30 before packing); four_domain,full with the external and self
 teachers not yet run. Expected result: README "The toy study" (numbers measured with these
@@ -48,7 +49,7 @@ def get_config(arg=None):
     c.joint.steps = c.experts.steps * n
     c.mopd.steps = 250
     c.external.steps = 250
-    c.self_teacher.degrade_steps = 300
+    c.self_teacher.degrade_steps = 1000
     c.self_teacher.recover_steps = 200
     c.eval.points = 12
   if a.demo or a.main:
