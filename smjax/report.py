@@ -270,53 +270,65 @@ def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[
 
 
 def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None) -> dict:
-  """What each panel of the plot draws: {group: {"ylabel", "series": [(arm, seed, flops, acc %)]}}.
+  """What each panel of the plot draws: {group: {"ylabel", "domain", "series": [(arm, seed, flops,
+  acc %)], "targets": sorted per-seed targets (recovery only)}}.
 
-  "main": the mean held-out accuracy over domains. "recovery": every arm's accuracy on the
-  recovered domain (`recover_domain_of`), `degrade` included, so the panel holds one quantity.
+  "main": the mean held-out accuracy over domains. "degrade" and "recovery": the recovered
+  domain's accuracy (`recover_domain_of`), the recovery-group arms without a target (`degrade`,
+  which only sets the recovery up) and with one, in panels of their own, so that the recovery
+  curves are not squeezed into the first part of the degradation's much longer FLOP axis.
   """
   rec_d = recover_domain_of(arms, recover_domain)
   out = {}
-  for group in ("main", "recovery"):
-    on = rec_d if group == "recovery" else None
-    series = [(a.arm, a.seed, [p["flops"] for p in a.curve],
-               [100 * _score(p, on) for p in a.curve])
-              for a in arms if a.group == group and a.curve]
-    if series:
-      out[group] = {"series": series, "domain": on, "ylabel": "held-out accuracy (%), " + (
-          "mean over domains" if on is None else f"{on} (the recovered domain)")}
+  for group in ("main", "degrade", "recovery"):
+    on = None if group == "main" else rec_d
+    members = [a for a in arms if a.curve and (
+        a.group == "main" if group == "main" else
+        a.group == "recovery" and (a.target is None) == (group == "degrade"))]
+    if members:
+      out[group] = {
+          "series": [(a.arm, a.seed, [p["flops"] for p in a.curve],
+                      [100 * _score(p, on) for p in a.curve]) for a in members],
+          "domain": on,
+          "targets": sorted({a.target for a in members if a.target is not None}),
+          "ylabel": "held-out accuracy (%), " + (
+              "mean over domains" if on is None else f"{on} (the recovered domain)")}
   return out
 
 
 def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: str, *,
                 recover_domain: str | None = None) -> None:
-  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed; the
-  recovery arms (self-teacher study), `degrade` included, in a second panel on the recovered
-  domain's accuracy (`curve_series`). `targets`: the matched target per seed ({seed: accuracy})
-  or one shared value."""
+  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed, with the
+  matched target per seed (`targets`: {seed: accuracy} or one shared value); with the
+  self-teacher study, two more panels on the recovered domain's accuracy (`curve_series`): the
+  degradation, and the recovery arms with their per-seed recovery targets."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   panels = curve_series(arms, recover_domain=recover_domain)
-  fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(8 * max(len(panels), 1), 5),
-                           squeeze=False)
+  n = max(len(panels), 1)
+  fig, axes = plt.subplots(1, n, figsize=(7 * n, 5), squeeze=False)
   colors: dict[str, str] = {}
+  titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
+            "recovery": "Self-teacher recovery"}
   for ax, (group, panel) in zip(axes[0], panels.items()):
     labelled = set()
     for arm, _, xs, ys in panel["series"]:
       c = colors.setdefault(arm, f"C{len(colors) % 10}")
       ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
       labelled.add(arm)
-    if group == "main" and targets is not None:
-      values = sorted(set(targets.values())) if isinstance(targets, dict) else [targets]
-      for i, t in enumerate(values):
-        ax.axhline(100 * t, color="gray", ls=":", lw=1,
-                   label=("matched target" + (" per seed" if len(values) > 1 else ""))
-                   if i == 0 else None)
-    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)")
+    if group == "main":
+      values = ([] if targets is None else
+                sorted(set(targets.values())) if isinstance(targets, dict) else [targets])
+      label = "matched target" + (" per seed" if len(values) > 1 else "")
+    else:
+      values, label = panel["targets"], "recovery target per seed"
+    for i, t in enumerate(values):
+      ax.axhline(100 * t, color="gray", ls=":", lw=1, label=label if i == 0 else None)
+    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)"
+                  + ("" if group == "main" else f" of the {group} phase"))
     ax.set_ylabel(panel["ylabel"])
-    ax.set_title("Held-out accuracy vs training FLOPs" if group == "main" else
-                 "Self-teacher recovery" + (f" of {panel['domain']}" if panel["domain"] else ""))
+    ax.set_title(titles[group] + (f" of {panel['domain']}" if panel["domain"] else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, title=None if panel["domain"] is None
               else f"accuracy on {panel['domain']}", title_fontsize=8)

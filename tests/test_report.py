@@ -152,12 +152,16 @@ def test_degrade_arm_is_shown_on_the_recovered_domain(tmp_path):
   assert row["degrade"][2:4] == ["code=70.0%", "math=30.0%"]
   assert "never reached" not in row["degrade"] and "50.0%" not in row["degrade"]
   assert row["recover_self"][1] == "50.0%" and row["recover_grpo"][1] == "50.0%"
-  # The plot's panels: the main one on the mean, the recovery one on math for every arm.
+  # The plot's panels: the main one on the mean; degrade, and the recovery arms, on math.
   panels = curve_series(arms)
   assert "math" in panels["recovery"]["ylabel"] and "mean" in panels["main"]["ylabel"]
+  assert "math" in panels["degrade"]["ylabel"]
+  assert [arm for arm, *_ in panels["degrade"]["series"]] == ["degrade"]
+  assert panels["degrade"]["series"][0][3] == pytest.approx([60.0, 30.0])
   series = {arm: ys for arm, _, _, ys in panels["recovery"]["series"]}
-  assert series["degrade"] == pytest.approx([60.0, 30.0])
+  assert "degrade" not in series
   assert series["recover_self"] == pytest.approx([30.0, 50.0])
+  assert panels["recovery"]["targets"] == pytest.approx([0.4]) and not panels["degrade"]["targets"]
   main = {arm: ys for arm, _, _, ys in panels["main"]["series"]}
   assert main["split_merge"] == pytest.approx([20.0, 50.0, 60.0])  # (0.7 + 0.5) / 2 at the end
   paths = write_report(rep, arms, str(tmp_path))
