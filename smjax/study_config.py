@@ -127,7 +127,8 @@ def study_defaults() -> mlc.ConfigDict:
       recover_target_fraction=0.9,
       # The recovery arms are evaluated this many times as often as the rest (every
       # eval interval / eval_refine FLOPs): they are short, and their FLOPs to target is the claim
-      # (at 4, seven of the nine two-domain recovery arms crossed it by their first evaluation).
+      # (at 4, with 300 degrade steps, seven of the nine two-domain recovery arms crossed it by
+      # their first evaluation).
       eval_refine=16))
 
   c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128))

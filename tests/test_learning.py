@@ -11,11 +11,12 @@ steps (~40% held-out greedy pass@1 on this CPU). Then:
 Sampled accuracy: the fraction correct of 16 temperature-1 samples of each of the 20 distinct
 held-out prompts (320 samples; what GRPO optimises). Greedy pass@1 on so few distinct prompts
 moves in 5-point steps and swings with the trajectory: a one-ulp change in AdamW's rounding (a
-first lax.cond non-finite guard whose clip recomputed the gradient norm, tried) moved the greedy result after 150 GRPO steps from 60% to
-47%, and four loop seeds gave 60/45/41/61%. The sampled metric over the same four seeds
-(2026-11-30, without that guard): base 29.1% -> experts 45.6 / 36.9 / 39.4 / 44.1% (+7.8 to +16.6
-points), OPD students recovering 89 / 64 / 127 / 58% of their expert's gain; with that first
-guard, this test's seed: expert +14.1 points, student 71%. The margins are below the worst of those.
+first lax.cond non-finite guard whose clip recomputed the gradient norm, tried) moved the greedy
+result after 150 GRPO steps from 60% to 47%, and four loop seeds gave 60/45/41/61%. The sampled
+metric over the same four seeds (2026-11-30, without that guard): base 29.1% -> experts 45.6 /
+36.9 / 39.4 / 44.1% (+7.8 to +16.6 points), OPD students recovering 89 / 64 / 127 / 58% of their
+expert's gain; with that first guard, this test's seed: expert +14.1 points, student 71%. The
+margins are below the worst of those.
 """
 
 import itertools
