@@ -97,7 +97,9 @@ class Side:
     if packed:  # the completions as one stream without their padding (scoring.with_packing)
       self.batch = scoring.with_packing(self.batch, grpo_cfg.logits_to_keep)
     t0 = time.perf_counter()
-    self.step = step.fn.lower(self.fresh_state(), self.batch).compile()
+    # Kept for recompiling with other XLA options (benchmarks/step_xla_options.py).
+    self.lowered = step.fn.lower(self.fresh_state(), self.batch)
+    self.step = self.lowered.compile()
     self.compile_s = time.perf_counter() - t0
     # XLA's cost analysis of the very executable that is timed (what compiled_flops reports).
     self.flops = executable_flops(self.step)[0]

@@ -131,6 +131,30 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
       step["compiled_flops"] / step["median_s"] / res["matmul_peak"]["flops_per_s"])
 
 
+def test_step_xla_options_tiny_writes_consistent_json(tmp_path):
+  drv = _load("step_xla_options")
+  out = tmp_path / "xo.json"
+  # The default and one other set; an option name jaxlib rejects is reported, not fatal.
+  drv.OPTION_SETS["bogus"] = {"xla_cpu_no_such_option_smjax": True}
+  try:
+    res = drv.main(["--size", "tiny", "--prompts", "2", "--group-size", "2", "--prompt-len", "3",
+                    "6", "--completion-len", "4", "--sets", "vector_512", "bogus", "--rounds", "2",
+                    "--warmup", "1", "--out", str(out)])
+  finally:
+    del drv.OPTION_SETS["bogus"]
+  on_disk = json.loads(out.read_text())
+  assert set(on_disk["sets"]) == {"default", "vector_512"} and set(on_disk["failed"]) == {"bogus"}
+  assert "xla_cpu_no_such_option_smjax" in on_disk["failed"]["bogus"]
+  d, v = on_disk["sets"]["default"], on_disk["sets"]["vector_512"]
+  assert d["speedup_vs_default"] == 1.0 and len(d["runs_s"]) == 2
+  assert v["speedup_vs_default"] == pytest.approx(d["median_s"] / v["median_s"])
+  assert v["options"] == {"xla_cpu_prefer_vector_width": 512}
+  # The options change rounding at most: the same update.
+  assert v["first_loss"] == pytest.approx(d["first_loss"], rel=1e-4, abs=1e-7)
+  assert v["first_grad_norm"] == pytest.approx(d["first_grad_norm"], rel=1e-4)
+  assert d["compiled_flops"] > 0 and res["sets"]["default"]["median_s"] == d["median_s"]
+
+
 def test_roofline_hand_values():
   _load("grpo_step_vs_trl")  # puts benchmarks/ on sys.path
   import _peer_smjax  # pylint: disable=import-outside-toplevel
