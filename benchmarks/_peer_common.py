@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -118,17 +119,31 @@ def make_step_batch(*, prompts: int, group_size: int, prompt_len: tuple[int, int
               advantages_B=grpo_advantages(rewards_B, group_size))
 
 
-def timed(fn, reps: int) -> list[float]:
+def timed(fn, reps: int, faults: list[int] | None = None) -> list[float]:
+  """Wall times of `reps` calls of `fn`; each call's minor page faults are appended to `faults`
+  when one is given."""
   times = []
   for _ in range(reps):
-    t0 = time.perf_counter()
+    f0, t0 = minor_faults(), time.perf_counter()
     fn()
     times.append(time.perf_counter() - t0)
+    if faults is not None:
+      faults.append(minor_faults() - f0)
   return times
 
 
-def summary(times: list[float]) -> dict:
-  return dict(median_s=statistics.median(times), runs_s=list(times))
+def summary(times: list[float], faults: list[int] | None = None) -> dict:
+  """Median and runs of `times`; with `faults` (minor page faults of the same calls, all threads
+  of this process) also their mean per call: how many pages each call mapped in afresh."""
+  out = dict(median_s=statistics.median(times), runs_s=list(times))
+  if faults is not None:
+    out["minor_faults_per_call"] = sum(faults) / max(len(faults), 1)
+  return out
+
+
+def minor_faults() -> int:
+  """This process's minor page faults so far (getrusage; every thread's)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def pin_threads(threads: int) -> int:
@@ -174,16 +189,18 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 def run_peer(python: str, script: str, spec: dict, work_dir: str, *, timeout_s: float,
-             log=print) -> dict:
+             extra_env: dict | None = None, log=print) -> dict:
   """Runs `python script --spec spec.json --out result.json` (inheriting this process's CPU
-  affinity and thread variables) and returns its result JSON. Raises RuntimeError with the
-  peer's output tail when it fails or writes no result."""
+  affinity, thread variables and environment, plus `extra_env`) and returns its result JSON.
+  Raises RuntimeError with the peer's output tail when it fails or writes no result."""
   spec_path = os.path.join(work_dir, "spec.json")
   out_path = os.path.join(work_dir, "result.json")
   with open(spec_path, "w") as f:
     json.dump(spec, f)
-  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)))
-  log(f"running peer: {python} {os.path.basename(script)} (timeout {timeout_s:.0f} s)")
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
+             **(extra_env or {}))
+  log(f"running peer: {python} {os.path.basename(script)} (timeout {timeout_s:.0f} s"
+      + (f"; {' '.join(f'{k}={v}' for k, v in extra_env.items())}" if extra_env else "") + ")")
   try:
     proc = subprocess.run([python, script, "--spec", spec_path, "--out", out_path], env=env,
                           capture_output=True, text=True, timeout=timeout_s, check=False)

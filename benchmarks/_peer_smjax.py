@@ -22,6 +22,15 @@ What is timed here:
 - iteration: `Sampler.generate` (G samples per prompt, fixed length, no EOS), the reward on the
   host, `rollout_batch`, and the compiled shared-prompt step (the fixed batch is padded to the
   sampler's prompt bucket, so both have one shape): one full GRPO iteration, median of `reps`.
+
+malloc: with glibc's default settings the small packed step page-faults its 145 MB of XLA:CPU
+temporaries in again on every call, and torch's CPU allocator does the same for TRL's step
+(smjax.cpu_malloc). SMJAX_CPU_MALLOC=tuned in this process's environment switches smjax's side to
+settings that keep those pages (opt-in; the output and the JSON's `smjax_malloc` say which ran).
+The peer runs as shipped, with glibc's defaults, and by default (`--peer-malloc both`) a second
+time under the same settings as environment variables (`cpu_malloc.ENV`), so each side's ratio
+can be read with either setting on the other. The JSON keeps both (`<peer>`, `speedup`;
+`<peer>_tuned_malloc`, `speedup_tuned_malloc`).
 """
 
 from __future__ import annotations
@@ -29,6 +38,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+# With SMJAX_CPU_MALLOC=tuned, importing smjax sets glibc's malloc for XLA:CPU (smjax.cpu_malloc);
+# it must come before any JAX backend starts.
+import smjax  # noqa: F401  pylint: disable=unused-import
+from smjax import cpu_malloc
 
 import _peer_common as common
 
@@ -128,7 +142,8 @@ def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
   first = time.perf_counter() - t0
   for _ in range(max(warmup - 1, 0)):
     run()
-  out = common.summary(common.timed(run, reps))
+  faults = []
+  out = common.summary(common.timed(run, reps, faults), faults)
   out.update(first_call_s=first, compile_s=side.compile_s, compiled_flops=side.flops,
              gflops_per_s=side.flops / out["median_s"] / 1e9,
              first_loss=float(first_metrics["loss"]),
@@ -172,7 +187,8 @@ def iteration_bench(side: Side, prompts: list[list[int]], *, group_size: int,
   first = time.perf_counter() - t0
   for _ in range(max(warmup - 1, 0)):
     run()
-  out = common.summary(common.timed(run, reps))
+  faults = []
+  out = common.summary(common.timed(run, reps, faults), faults)
   out.update(first_call_s=first, mean_reward=rewards_seen,
              what="Sampler.generate (prefill + while_loop decode, G samples per prompt, "
                   f"{completion_len} new tokens, no EOS) + host reward + rollout_batch + the "
@@ -203,6 +219,10 @@ def parse_args(description: str, peer: str, argv=None):
                   help=f"where the peer venv ({peer}) is created; bench_results/ is git-ignored")
   ap.add_argument("--peer-timeout", type=float, default=3600.0, help="seconds")
   ap.add_argument("--skip-peer", action="store_true", help="smjax side only (smoke tests)")
+  ap.add_argument("--peer-malloc", choices=("both", "default"), default="both",
+                  help="both: run the peer as shipped, then again under the glibc malloc "
+                       "settings of SMJAX_CPU_MALLOC=tuned (smjax.cpu_malloc.ENV), and print "
+                       "both ratios; default: the first run only")
   ap.add_argument("--matmul-size", type=int, default=2048,
                   help="n of the [n, n] @ [n, n] f32 matmul whose rate is this machine's peak")
   ap.add_argument("--matmul-samples", type=int, default=10,
@@ -260,7 +280,7 @@ def _smjax_round(sides: dict, args, prompts, bucket: int, label: str, peak) -> d
       ours[mode] = s = step_bench(sides[side], reps=args.reps, warmup=args.warmup)
       print(f"  smjax {mode:18s} ({label}): {s['median_s'] * 1e3:8.1f} ms  "
             f"({s['compiled_flops'] / 1e9:.1f} GFLOP, {s['gflops_per_s']:.1f} GFLOP/s; compile "
-            f"{s['compile_s']:.1f} s)")
+            f"{s['compile_s']:.1f} s; {s['minor_faults_per_call']:.0f} page faults a step)")
   if "iteration" in args.modes:
     ours["iteration"] = s = iteration_bench(
         sides["shared"], prompts, group_size=args.group_size, completion_len=args.completion_len,
@@ -293,7 +313,9 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
   vocab = common.SIZES[args.size][0]
   G, C = args.group_size, args.completion_len
   results = dict(config=vars(args), threads=threads, platform=platform.platform(),
-                 jax=jax.__version__, peer=peer, peer_requirements=requirements)
+                 jax=jax.__version__, peer=peer, peer_requirements=requirements,
+                 smjax_malloc=cpu_malloc.STATUS)
+  print(f"smjax's malloc: {cpu_malloc.STATUS} (smjax.cpu_malloc)")
   with tempfile.TemporaryDirectory() as work:
     model_dir = os.path.join(work, "model")
     results["params"] = n_params = build_hf_model(args.size, model_dir, seed=args.seed)
@@ -332,20 +354,36 @@ def compare(args, *, peer: str, requirements: list[str], peer_script: str,
                   lr=args.lr, seed=args.seed, reps=args.reps, warmup=args.warmup,
                   iter_reps=args.iter_reps, iter_warmup=args.iter_warmup,
                   modes=sorted({PEER_MODE[m] for m in args.modes}))
-      load = os.getloadavg()
-      theirs = common.run_peer(python, os.path.join(os.path.dirname(__file__), peer_script),
-                               spec, work, timeout_s=args.peer_timeout)
-      results[peer] = dict(theirs, loadavg=load)
+      # The peer as users run it (glibc's default malloc), then, with --peer-malloc both, under
+      # the settings SMJAX_CPU_MALLOC=tuned gives smjax's own process (cpu_malloc.ENV).
+      runs = {peer: None}
+      inherited = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+      if inherited:
+        print(f"note: this environment sets {inherited}; the peer's first run inherits them")
+      if args.peer_malloc == "both":
+        runs[f"{peer}_tuned_malloc"] = cpu_malloc.ENV
+      for key, extra_env in runs.items():
+        load = os.getloadavg()
+        results[key] = dict(
+            common.run_peer(python, os.path.join(os.path.dirname(__file__), peer_script), spec,
+                            work, timeout_s=args.peer_timeout, extra_env=extra_env),
+            loadavg=load, malloc=dict(inherited, **(extra_env or {})) or "glibc defaults")
+      theirs = results[peer]
       results["smjax_after_peer"] = after = _smjax_round(sides, args, prompts, bucket, "after",
                                                          peak)
-      results["speedup"] = {}
-      for mode in args.modes:
-        t = theirs[PEER_MODE[mode]]["median_s"]
-        o = max(ours[mode]["median_s"], after[mode]["median_s"])
-        results["speedup"][mode] = t / o
-        print(f"  {peer} {PEER_MODE[mode]:9s} {t * 1e3:8.1f} ms -> smjax {mode} is {t / o:.2f}x "
-              f"faster (against smjax's slower round, {o * 1e3:.1f} ms)\n"
-              f"      {peer}: {theirs[PEER_MODE[mode]]['what']}")
+      for key in runs:
+        speedups = results["speedup" + key[len(peer):]] = {}
+        label = peer if key == peer else f"{peer} (tuned malloc)"
+        for mode in args.modes:
+          t = results[key][PEER_MODE[mode]]["median_s"]
+          o = max(ours[mode]["median_s"], after[mode]["median_s"])
+          speedups[mode] = t / o
+          faults = results[key][PEER_MODE[mode]].get("minor_faults_per_call")
+          print(f"  {label} {PEER_MODE[mode]:9s} {t * 1e3:8.1f} ms"
+                + ("" if faults is None else f" ({faults:.0f} page faults a call)")
+                + f" -> smjax {mode} is {t / o:.2f}x faster (against smjax's slower round, "
+                f"{o * 1e3:.1f} ms)"
+                + (f"\n      {peer}: {theirs[PEER_MODE[mode]]['what']}" if key == peer else ""))
       # Same weights, batch and advantages, ratio 1 on both sides: the first step's loss and
       # pre-clip gradient norm must agree (to float32 rounding) if both compute the same update.
       for mode in STEP_SIDES:

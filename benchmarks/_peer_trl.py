@@ -59,13 +59,15 @@ def run_trainer(spec: dict, *, steps: int, fixed_inputs=None) -> dict:
 
   class StepTimer(transformers.TrainerCallback):
     def __init__(self):
-      self.begin, self.end = [], []
+      self.begin, self.end, self.faults = [], [], []
 
     def on_step_begin(self, args, state, control, **kwargs):
+      self.faults.append(-common.minor_faults())
       self.begin.append(time.perf_counter())
 
     def on_step_end(self, args, state, control, **kwargs):
       self.end.append(time.perf_counter())
+      self.faults[-1] += common.minor_faults()
 
   G, C = spec["group_size"], spec["completion_len"]
   prompts = [common.ids_to_text(p) for p in spec["prompts"]]
@@ -95,7 +97,7 @@ def run_trainer(spec: dict, *, steps: int, fixed_inputs=None) -> dict:
     optim = getattr(trainer.args.optim, "value", str(trainer.args.optim))
   times = [e - b for b, e in zip(timer.begin, timer.end)]
   logs = [h for h in trainer.state.log_history if "grad_norm" in h]
-  return dict(times=times, logs=logs, optim=optim)
+  return dict(times=times, faults=timer.faults, logs=logs, optim=optim)
 
 
 def fixed_batch_inputs(batch_npz: str) -> dict:
@@ -128,7 +130,8 @@ def main():
   if "step" in spec["modes"]:
     warm, reps = spec["warmup"], spec["reps"]
     run = run_trainer(spec, steps=warm + reps, fixed_inputs=fixed_batch_inputs(spec["batch_npz"]))
-    result["step"] = dict(common.summary(run["times"][warm:]), first_call_s=run["times"][0],
+    result["step"] = dict(common.summary(run["times"][warm:], run["faults"][warm:]),
+                          first_call_s=run["times"][0],
                           first_grad_norm=run["logs"][0]["grad_norm"],
                           first_loss=run["logs"][0]["loss"], optim=run["optim"],
                           what="GRPOTrainer.train() optimizer step on the fixed batch "
@@ -137,7 +140,8 @@ def main():
   if "iteration" in spec["modes"]:
     warm, reps = spec["iter_warmup"], spec["iter_reps"]
     run = run_trainer(spec, steps=warm + reps)
-    result["iteration"] = dict(common.summary(run["times"][warm:]), first_call_s=run["times"][0],
+    result["iteration"] = dict(common.summary(run["times"][warm:], run["faults"][warm:]),
+                               first_call_s=run["times"][0],
                                optim=run["optim"],
                                what="GRPOTrainer.train() optimizer step: transformers.generate "
                                     "(G samples, min_new_tokens = max) + reward + advantages + "

@@ -135,9 +135,10 @@ def step_bench(spec: dict, log_dir: str) -> dict:
     first = time.perf_counter() - t0
     for _ in range(max(spec["warmup"] - 1, 0)):
       run()
-    times = common.timed(run, spec["reps"])
+    faults = []
+    times = common.timed(run, spec["reps"], faults)
   del mesh
-  return dict(common.summary(times), first_call_s=first, first_loss=float(loss),
+  return dict(common.summary(times, faults), first_call_s=first, first_loss=float(loss),
               first_grad_norm=float(grad_norm),
               what="the actor trainer's nnx.jit train step (GRPO policy loss, grad, "
                    "clip + AdamW) on the fixed batch")

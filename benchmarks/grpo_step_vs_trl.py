@@ -16,6 +16,10 @@ torch==2.13.0 transformers`; torch is pinned to the CPU wheel on this disk), as 
 inherits this process's CPU affinity, so both sides use the same cores (`--threads N` pins both
 to N; the output says which). TRL's dependencies never enter smjax's venv.
 
+The peer runs twice: as shipped, and under the glibc malloc settings of SMJAX_CPU_MALLOC=tuned
+(`--peer-malloc both`, the default; benchmarks/_peer_smjax.py says why); both ratios are printed
+and kept. smjax's side runs with glibc's defaults unless this process has SMJAX_CPU_MALLOC=tuned.
+
   .venv/bin/python benchmarks/grpo_step_vs_trl.py     # writes bench_results/grpo_step_vs_trl.json
   .venv/bin/python benchmarks/grpo_step_vs_trl.py --size tiny --skip-peer --out /tmp/t.json
 """

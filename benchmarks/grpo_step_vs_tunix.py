@@ -16,6 +16,10 @@ CPU affinity, so both sides use the same cores (`--threads N` pins both to N). I
 be installed or cannot run here, the script prints why and exits non-zero; it never reports a
 number it did not measure.
 
+The peer runs twice: as shipped, and under the glibc malloc settings of SMJAX_CPU_MALLOC=tuned
+(`--peer-malloc both`, the default; benchmarks/_peer_smjax.py says why); both ratios are printed
+and kept. smjax's side runs with glibc's defaults unless this process has SMJAX_CPU_MALLOC=tuned.
+
   .venv/bin/python benchmarks/grpo_step_vs_tunix.py   # writes bench_results/grpo_step_vs_tunix.json
   .venv/bin/python benchmarks/grpo_step_vs_tunix.py --size tiny --skip-peer --out /tmp/t.json
 """

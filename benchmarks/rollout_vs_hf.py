@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peer_common import timed  # noqa: E402  (the peer benchmarks' timer)
+import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 
 SIZES = {  # vocab, d_model, d_ff, layers, heads, kv_heads
     "mid": (8192, 384, 1024, 4, 6, 2),   # ~12.6M params: compute matters

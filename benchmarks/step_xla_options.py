@@ -32,11 +32,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peer_common as common  # noqa: E402  pylint: disable=wrong-import-position
+import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 
 # name -> compiler_options; "default" is the reference every ratio is taken against.
 OPTION_SETS = {
     "default": {},
     "ynn_off": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    # YNNPACK for dots only: its reduction fusions (the norms' weight gradients, softmax sums)
+    # go back to XLA's own emitters.
+    "ynn_dots_only": {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_DOT"},
     "vector_512": {"xla_cpu_prefer_vector_width": 512},
     "ynn_off_vector_512": {"xla_cpu_experimental_ynn_fusion_type": "",
                            "xla_cpu_prefer_vector_width": 512},

@@ -26,6 +26,7 @@ import statistics
 import time
 
 import numpy as np
+import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 
 # Qwen3-style (q/k norm, untied head): vocab, d_model, layers, heads, kv_heads, head_dim, d_ff
 SIZES = {

@@ -2,6 +2,14 @@
 
 GRPO experts per domain, multi-teacher on-policy distillation (MOPD) into one student, and a FLOP
 ledger that counts every training FLOP of each route. See README.md for the map of the package.
+
+With SMJAX_CPU_MALLOC=tuned in the environment, importing smjax sets glibc's malloc so that XLA:CPU
+reuses a big step's per-call buffers instead of page-faulting them in again on every call
+(smjax.cpu_malloc says when that helps and when it does not).
 """
 
+from smjax import cpu_malloc as _cpu_malloc
+
 __version__ = "0.1.0"
+
+_cpu_malloc.tune()

@@ -106,6 +106,7 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   assert "trl" not in res and "speedup" not in res
   step, it = res["smjax"]["step"], res["smjax"]["iteration"]
   assert step["median_s"] > 0 and it["median_s"] > 0
+  assert step["minor_faults_per_call"] >= 0 and it["minor_faults_per_call"] >= 0
   assert step["compiled_flops"] > 0 and np.isfinite(step["first_grad_norm"])
   assert step["first_grad_norm"] > 0  # rewards in the tiny batch are not all equal
   # The shared-prompt step takes the same update with fewer FLOPs.
@@ -129,6 +130,53 @@ def test_grpo_vs_trl_skip_peer_tiny(tmp_path):
   assert "shared_goal_fraction_of_peak" not in roof
   assert roof["smjax_fraction_of_peak"] == pytest.approx(
       step["compiled_flops"] / step["median_s"] / res["matmul_peak"]["flops_per_s"])
+
+
+_FAKE_PEER = """
+import argparse, json, os
+ap = argparse.ArgumentParser(); ap.add_argument("--spec"); ap.add_argument("--out")
+a = ap.parse_args()
+spec = json.load(open(a.spec))
+tuned = os.environ.get("MALLOC_ARENA_MAX") == "1"
+step = dict(median_s=0.5 if tuned else 1.0, first_loss=0.25, first_grad_norm=2.0, what="fake")
+json.dump(dict(step=step, modes=spec["modes"],
+               env={k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}),
+          open(a.out, "w"))
+"""
+
+
+@pytest.mark.parametrize("peer_malloc", ["both", "default"])
+def test_peer_runs_as_shipped_and_under_smjax_malloc_settings(tmp_path, monkeypatch, peer_malloc):
+  # A stand-in peer (this interpreter, no venv) that reports the malloc variables it was started
+  # with and a step time that depends on them: the driver must run it as shipped, then (with
+  # --peer-malloc both) under smjax.cpu_malloc.ENV, and take each ratio against its own run.
+  import _peer_smjax  # pylint: disable=import-outside-toplevel
+  from smjax import cpu_malloc  # pylint: disable=import-outside-toplevel
+  script = tmp_path / "fake_peer.py"
+  script.write_text(_FAKE_PEER)
+  monkeypatch.setattr(_peer_smjax.common, "ensure_venv", lambda path, reqs: sys.executable)
+  for k in list(os.environ):
+    if k.startswith("MALLOC_"):
+      monkeypatch.delenv(k)
+  args = _peer_smjax.parse_args("t", "fake", [
+      "--size", "tiny", "--prompts", "2", "--group-size", "2", "--prompt-len", "3", "6",
+      "--completion-len", "4", "--reps", "1", "--warmup", "1", "--modes", "step",
+      "--matmul-size", "64", "--matmul-samples", "1", "--peer-malloc", peer_malloc,
+      "--envs-dir", str(tmp_path / "envs"), "--out", str(tmp_path / "r.json")])
+  res = _peer_smjax.compare(args, peer="fake", requirements=[], peer_script=str(script), goal=2.0)
+  assert json.loads((tmp_path / "r.json").read_text())["speedup"] == res["speedup"]
+  assert res["smjax_malloc"] == cpu_malloc.STATUS
+  slow = max(res["smjax"]["step"]["median_s"], res["smjax_after_peer"]["step"]["median_s"])
+  assert res["fake"]["env"] == {} and res["fake"]["malloc"] == "glibc defaults"
+  assert res["fake"]["modes"] == ["step"]
+  assert res["speedup"]["step"] == pytest.approx(1.0 / slow)
+  assert res["roofline"]["goal_step_s"] == pytest.approx(0.5)  # against the as-shipped run
+  if peer_malloc == "both":
+    assert res["fake_tuned_malloc"]["env"] == cpu_malloc.ENV
+    assert res["fake_tuned_malloc"]["malloc"] == cpu_malloc.ENV
+    assert res["speedup_tuned_malloc"]["step"] == pytest.approx(0.5 / slow)
+  else:
+    assert "fake_tuned_malloc" not in res and "speedup_tuned_malloc" not in res
 
 
 def test_step_xla_options_tiny_writes_consistent_json(tmp_path):
