@@ -1,19 +1,19 @@
 """Opt-in glibc malloc settings that stop XLA:CPU from page-faulting a big step's buffers afresh.
 
 XLA's CPU runtime allocates each executable's temporary buffers as one block per call
-(`posix_memalign` from a runtime worker thread): 145 MB for the peer benchmark's small packed GRPO
-step. glibc serves a block that large with a fresh `mmap` (a worker thread's arena cannot hold more
+(`posix_memalign` from a runtime worker thread): ~145 MB for the peer benchmark's small packed
+GRPO step. glibc serves a block that large with a fresh `mmap` (a worker thread's arena cannot hold more
 than 64 MB, and the main arena maps anything above its mmap threshold, at most 32 MB) and unmaps
 it when the call returns, so every call faults in and zeroes all of it again: 35.8k minor page
-faults per step, ~12 % of that step's time on a 2-core CPU. torch's CPU allocator does the same
-(TRL's small step: 357 -> 255 ms under these settings; README "Performance").
+faults per step on a 2-core CPU. torch's CPU allocator does the same (TRL's small step: 62k faults,
+299 -> 257 ms under these settings; README "Performance").
 
 `tune()` keeps those pages: one arena (`M_ARENA_MAX` 1), no mmap-served blocks (`M_MMAP_MAX` 0),
 and no returning the heap's free top to the system below 2 GiB (`M_TRIM_THRESHOLD`). A freed
 block is then reused by the next call with its pages still mapped. The costs: the process keeps
 its peak heap for its lifetime, and the runtime threads share one arena, whose lock slows steps
 made of many small ops: the toy demo study ran 11 % longer (3 min 37 s against 3 min 15 s) and the
-peer benchmark's tiny packed step 14 -> 21 ms, while the small and mid steps ran 12-14 % faster.
+peer benchmark's tiny packed step 14 -> 20 ms, while the small and mid steps ran 7-15 % faster.
 Hence opt-in: `import smjax` applies it only when the environment variable SMJAX_CPU_MALLOC is
 "tuned" (Linux with glibc; numerics are untouched: the demo's report is identical either way).
 
@@ -53,17 +53,15 @@ def requested() -> str:
 
 
 def _glibc():
-  """The process's C library if it is glibc with mallopt, else None."""
+  """The process's C library if it is glibc (it has mallopt and gnu_get_libc_version), else
+  None."""
   if not sys.platform.startswith("linux"):
     return None
   try:
     libc = ctypes.CDLL(None)
-    version = libc.gnu_get_libc_version
-    libc.mallopt  # pylint: disable=pointless-statement
-  except (OSError, AttributeError):
+  except OSError:
     return None
-  version.restype = ctypes.c_char_p
-  return libc
+  return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
 
 
 def _backend_started() -> bool:
