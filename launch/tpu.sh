@@ -169,7 +169,10 @@ tar -xzf ~/smjax-code.tgz -C $REMOTE_DIR"
     # TPU images ship Python 3.10; smjax needs >= 3.11, so uv provides one in the venv.
     # shellcheck disable=SC2088  # for the remote shell to expand
     UV="~/.local/bin/uv"
-    ssh_all all "set -e; cd $REMOTE_DIR && python3 -m pip install --user -q uv && \
+    # tcmalloc for the host side (python -m smjax.main restarts under it; smjax/cpu_malloc.py).
+    ssh_all all "set -e; cd $REMOTE_DIR && \
+(sudo apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || echo 'no tcmalloc: glibc malloc') && \
+python3 -m pip install --user -q uv && \
 $UV venv --python 3.11 .venv && \
 $UV pip install --python .venv/bin/python -e . 'jax[tpu]==$JAX_VERSION' && \
 .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"

@@ -4,8 +4,9 @@ GRPO experts per domain, multi-teacher on-policy distillation (MOPD) into one st
 ledger that counts every training FLOP of each route. See README.md for the map of the package.
 
 With SMJAX_CPU_MALLOC=tuned in the environment, importing smjax sets glibc's malloc so that XLA:CPU
-reuses a big step's per-call buffers instead of page-faulting them in again on every call
-(smjax.cpu_malloc says when that helps and when it does not).
+reuses a big step's per-call buffers instead of page-faulting them in again on every call; the
+command line (smjax.main) gets the same from tcmalloc where installed (smjax.cpu_malloc says when
+each helps).
 """
 
 from smjax import cpu_malloc as _cpu_malloc

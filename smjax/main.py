@@ -1,6 +1,7 @@
 """Command-line entry point: `python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
 
-Also installed as the `smjax` console script. Everything it does is library code in
+Also installed as the `smjax` console script. It restarts itself once with tcmalloc preloaded where
+that is installed (smjax.cpu_malloc). Everything it does is library code in
 smjax.experiment; this file only parses flags. Overrides use ml_collections' syntax, e.g.
 `--config.joint.steps=400`; an unknown field is an error naming it.
 """
@@ -25,7 +26,8 @@ def main(argv):
   if _CONFIG.value is None or _WORKDIR.value is None:
     raise app.UsageError("--config and --workdir are required, e.g. "
                          "--config=configs/study.py:two_domain,demo --workdir=runs/demo")
-  from smjax import distributed  # pylint: disable=import-outside-toplevel
+  from smjax import cpu_malloc, distributed  # pylint: disable=import-outside-toplevel
+  logging.info("malloc: %s", cpu_malloc.STATUS)
   distributed.maybe_initialize()  # multi-host pods: before any jax computation; no-op otherwise
   from smjax.experiment import run_study  # pylint: disable=import-outside-toplevel
   report = run_study(_CONFIG.value, _WORKDIR.value)
@@ -37,7 +39,10 @@ def main(argv):
 
 
 def run():
-  """Console-script entry (`smjax --config=... --workdir=...`)."""
+  """Console-script entry (`smjax --config=... --workdir=...`). Restarts itself once under tcmalloc
+  where it is installed (smjax.cpu_malloc.reexec_under_tcmalloc; SMJAX_CPU_MALLOC=glibc: no)."""
+  from smjax import cpu_malloc  # pylint: disable=import-outside-toplevel
+  cpu_malloc.reexec_under_tcmalloc(sys.orig_argv[1:])  # as started, interpreter options too
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
   app.run(main, argv=sys.argv)
 

@@ -73,6 +73,10 @@ def test_report_fields_and_files(study):
   assert rep["arms"]["split_merge"]["distillation_share_of_experts"]["mean"] > 0
   for f in ("report.csv", "report.txt", "accuracy_vs_flops.png", "curves.json"):
     assert os.path.getsize(os.path.join(wd, "report", f)) > 0
+  # The entry point restarted itself under tcmalloc where installed (smjax.cpu_malloc).
+  from smjax import cpu_malloc  # pylint: disable=import-outside-toplevel
+  expected = "malloc: tcmalloc (" if cpu_malloc.tcmalloc_library() else "malloc: off (glibc"
+  assert expected in run.stderr, run.stderr[-3000:]
   assert "split_merge" in run.stdout and "accuracy_vs_flops.png" in run.stdout
   # TensorBoard event files and the JSONL stream for every phase.
   logs = os.path.join(wd, "seed_0", "joint_grpo", "logs")
