@@ -34,7 +34,7 @@ sandbox-tools:
 # under it when present (XLA:CPU steps stop page-faulting their buffers; the demo runs ~9 % faster).
 # Without it everything runs on glibc's malloc. See smjax/cpu_malloc.py and README "Running a study".
 malloc-tools:
-	@ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 >/dev/null 2>&1 || { \
+	@ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 2>/dev/null | grep -q . || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null) || \
 	      echo "NOTE: could not install libtcmalloc-minimal4; studies run on glibc's malloc"; \

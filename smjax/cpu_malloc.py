@@ -108,9 +108,10 @@ def tcmalloc_loaded() -> str | None:
 def reexec_under_tcmalloc(argv: list[str]) -> None:
   """For the command line only: replaces this process with `sys.executable *argv` under tcmalloc
   (LD_PRELOAD, plus TCMALLOC_ENV) when SMJAX_CPU_MALLOC is "auto" or "tcmalloc", the library is
-  installed and not yet loaded, and this process is not already the re-executed one. Returns
-  without doing anything otherwise; with "tcmalloc" a missing library, or a preload that did not
-  take, is a RuntimeError saying what to install. Call it before anything starts threads."""
+  installed and not yet loaded, no other allocator is in LD_PRELOAD, and this process is not
+  already the re-executed one. Returns without doing anything otherwise; with "tcmalloc" a missing
+  library, or a preload that did not take, is a RuntimeError saying what to install. Call it
+  before anything starts threads."""
   choice = requested()
   if choice not in ("auto", "tcmalloc") or not sys.platform.startswith("linux"):
     if choice == "tcmalloc":
@@ -118,8 +119,11 @@ def reexec_under_tcmalloc(argv: list[str]) -> None:
     return
   if tcmalloc_loaded():
     return
+  restarted = bool(os.environ.get(_REEXEC_MARK))
+  if not restarted and "malloc" in os.environ.get("LD_PRELOAD", ""):
+    return  # the user preloaded an allocator of their choice
   lib = tcmalloc_library()
-  if os.environ.get(_REEXEC_MARK) or lib is None:
+  if restarted or lib is None:
     if choice == "tcmalloc":
       why = (f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r} did not load it" if lib else
              f"no libtcmalloc in {', '.join(_TCMALLOC_DIRS)}")
@@ -127,7 +131,7 @@ def reexec_under_tcmalloc(argv: list[str]) -> None:
                          "libtcmalloc-minimal4; Fedora/RHEL: gperftools-libs), point "
                          f"{LIBRARY_VAR} at it, or set {ENV_VAR}=auto to run without it")
     return
-  env = dict(os.environ, **TCMALLOC_ENV)
+  env = {**TCMALLOC_ENV, **os.environ}
   env["LD_PRELOAD"] = ":".join(p for p in (lib, os.environ.get("LD_PRELOAD", "")) if p)
   env[_REEXEC_MARK] = "1"
   sys.stdout.flush()

@@ -136,9 +136,11 @@ def test_command_line_restarts_under_tcmalloc_where_installed(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   restarted = float(out.stdout.split()[-1])
   assert untuned > 12000 and restarted < 0.05 * untuned, (untuned, restarted)
-  # Opting out keeps glibc.
+  # Opting out keeps glibc; an allocator the user preloads is left alone.
   out = _cli(tmp_path, "status", env={cpu_malloc.ENV_VAR: "glibc"})
   assert out.stdout.strip().startswith("off (glibc defaults"), out.stdout
+  out = _cli(tmp_path, "status", env={"LD_PRELOAD": str(tmp_path / "libjemalloc.so.2")})
+  assert out.stdout.strip().startswith("off (glibc defaults"), (out.stdout, out.stderr[-2000:])
 
 
 def test_tcmalloc_setting_errors_name_what_to_fix(tmp_path):
