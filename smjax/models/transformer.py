@@ -166,7 +166,10 @@ def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Arra
   # forward then held 8 cosines, its gradient 16), so there the tables come out of a conditional,
   # which no fusion crosses; its predicate is always true in practice and both branches are the
   # same, so it never changes a value (the small packed GRPO step: bit-identical, 1.5-2.5 %
-  # faster). Elsewhere the barrier stands.
+  # faster). Elsewhere the barrier stands, and a one-token decode step, whose tables are tiny,
+  # skips the conditional's dispatch.
+  if positions_BT.shape[-1] == 1:
+    return jax.lax.optimization_barrier(tables(angles_BTh))
   def fenced_cpu(a):
     return jax.lax.cond(jnp.min(positions_BT) > jnp.iinfo(jnp.int32).min, tables, tables, a)
   return jax.lax.platform_dependent(
