@@ -25,6 +25,9 @@ its peak heap for its lifetime, and the runtime threads share one arena, whose l
 made of many small ops: the toy demo study ran 11 % longer (3 min 37 s against 3 min 15 s) and the
 peer benchmark's tiny packed step 14 -> 20 ms, while the small and mid steps ran 7-15 % faster.
 Hence opt-in (Linux with glibc; numerics are untouched: the demo's report is identical either way).
+Set after start-up, the settings are best effort: on one 2-core VM they took in 9 of 12 processes
+(the others page-faulted as before, for a reason not found), on another machine in every one; the
+same settings given as environment variables at start-up (`ENV`) took in 12 of 12 there.
 
 SMJAX_CPU_MALLOC: "auto" (or unset): tcmalloc for the command line when installed, else glibc as
 is; "tcmalloc": the same, but the command line stops with an error when it is not installed;
