@@ -10,8 +10,8 @@ A checkpoint at loop step `s` holds two orbax items under `<workdir>/checkpoints
 Kept: the last `max_to_keep` steps, plus the best one by the metric passed to `save` (`keep_best`).
 
 Resume (`restore_latest`) walks the steps newest first. A step whose files cannot be read, whose
-JSON is garbage, or whose arrays do not match their checksums (orbax restores a flipped byte in an
-OCDBT data file silently; the checksum catches it) is reported with `logging.warning` naming the
+JSON is garbage, or whose arrays do not match their checksums (orbax restores a wrong value stored in
+well-formed files silently; the checksum catches it) is reported with `logging.warning` naming the
 step and the fault, moved to `<workdir>/checkpoints_corrupt/`, and the previous step is tried.
 A save cut short (kill -9) leaves an orbax `<s>.orbax-checkpoint-tmp-*` folder: it is reported and
 removed when the Checkpointer opens. A config that differs from the checkpoint's in a field that is

@@ -141,8 +141,15 @@ class SeedContext:
     return sharding.abstract_train_state(cfg or self.model_cfg, tx, self.mesh)[1]
 
   def new_state(self, params, tx, cfg=None):
-    """A fresh TrainState laid out by `state_shardings(tx, cfg)`."""
-    return state_lib.create_sharded_state(params, tx, self.state_shardings(tx, cfg))
+    """A fresh TrainState laid out by `state_shardings(tx, cfg)`; without a mesh, committed to the
+    default device, as a state restored from a checkpoint is. (An uncommitted state, and so every
+    array computed from it, lowers the same programs without their sharding annotations: the same
+    numbers, but other compilation-cache keys, so a resumed study would compile everything again
+    where a persistent compilation cache is on.)"""
+    shardings = self.state_shardings(tx, cfg)
+    if shardings is None:
+      shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return state_lib.create_sharded_state(params, tx, shardings)
 
   def random_params(self, key, cfg=None):
     """A seeded random init, created sharded on the mesh (jitted with out_shardings, so the whole

@@ -206,16 +206,6 @@ def test_study_config_arguments_choose_the_phases():
     cfg.get_config("four_domain,full,mian")
 
 
-RESUME = [
-    "--config=configs/mopd.py", "--config.domains=('math',)", "--config.seeds=(0,)",
-    "--config.progress=False", "--config.heldout_size=16", "--config.eval.batch_size=16",
-    "--config.eval.points=3", "--config.base.steps=10", "--config.experts.steps=10",
-    "--config.mopd.steps=10", "--config.rl.prompts_per_step=4", "--config.opd.prompts_per_step=4",
-    "--config.rl.samples_per_prompt=4", "--config.opd.samples_per_prompt=2",
-    "--config.checkpoint_every=2",
-]
-
-
 def _final_params(wd, phase):
   """The phase's final parameters as saved (numpy leaves), read back without a target tree."""
   import jax
@@ -241,22 +231,37 @@ def _kill_when(proc, path_fn, timeout=600):
   raise AssertionError("run did not reach the kill point in time")
 
 
-def test_kill9_grpo_and_opd_resume_exactly(tmp_path, cache):
-  ref, wd = tmp_path / "ref", tmp_path / "killed"
-  r = _main(RESUME, ref, cache, timeout=900)
-  assert r.returncode == 0, r.stderr[-3000:]
+def test_kill9_grpo_and_opd_resume_exactly(study, cache, tmp_path):
+  """kill -9 in the middle of a GRPO phase and of the OPD phase, then one more run: both phases
+  end bitwise where the uninterrupted study fixture's did (same config, same compilation cache)."""
+  ref, _ = study
+  wd = tmp_path / "killed"
+  for phase in ("base", "joint_grpo"):  # finished under the same config: reused as they are
+    shutil.copytree(os.path.join(ref, "seed_0", phase), wd / "seed_0" / phase)
+  # ...with the seed's FLOP grid of evaluations, which joint GRPO's first step fixed.
+  shutil.copy(os.path.join(ref, "seed_0", "eval_interval.json"), wd / "seed_0")
+  args = [sys.executable, "-m", "smjax.main",
+          *[a for a in MINI if not a.startswith("--config.phases")],
+          "--config.phases=('base','joint','experts','mopd')", f"--workdir={wd}"]
+  env = dict(_env(cache), JAX_EXPLAIN_CACHE_MISSES="1")
   rng = np.random.default_rng(11)
-  args = [sys.executable, "-m", "smjax.main", *RESUME, f"--workdir={wd}"]
+  logs = []
   for phase in ("expert_math", "mopd"):
-    at = int(rng.integers(1, 4)) * 2   # a random checkpointed step: 2, 4 or 6
+    at = int(rng.integers(0, 2)) * 2   # resume from step 2 or 4 of 6 (checkpoint_every=2)
     ckdir = os.path.join(wd, "seed_0", phase, "checkpoints", "checkpoints")
-    proc = subprocess.Popen(args, cwd=ROOT, env=_env(cache), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    assert _kill_when(proc, lambda: os.path.isdir(os.path.join(ckdir, str(at + 2)))), phase
-  r = subprocess.run(args, cwd=ROOT, env=_env(cache), capture_output=True, text=True, timeout=900)
+    logs.append(tmp_path / f"killed_in_{phase}.log")
+    with open(logs[-1], "w") as log:
+      proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+      assert _kill_when(proc, lambda: os.path.isdir(os.path.join(ckdir, str(at + 2)))), phase
+  r = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert r.returncode == 0, r.stderr[-3000:]
   assert "resumed from its checkpoint" in r.stderr
-  for phase in ("expert_math", "mopd"):
+  # A state restored from a checkpoint or a finished phase is laid out as a fresh one
+  # (SeedContext.new_state), so every run's steps are the programs the fixture compiled, found in
+  # the persistent compilation cache.
+  for err in [open(f).read() for f in logs] + [r.stderr]:
+    assert "PERSISTENT COMPILATION CACHE MISS for 'jit_step'" not in err, err[-3000:]
+  for phase in ("expert_math", "expert_code", "mopd"):
     a, b = phase_result(ref, phase), phase_result(wd, phase)
     assert a["ledger"]["flops"] == b["ledger"]["flops"], phase
     assert a["curve"] == b["curve"], phase
