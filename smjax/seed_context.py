@@ -148,7 +148,7 @@ class SeedContext:
     where a persistent compilation cache is on.)"""
     shardings = self.state_shardings(tx, cfg)
     if shardings is None:
-      shardings = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return state_lib.create_sharded_state(params, tx, shardings)
 
   def random_params(self, key, cfg=None):
