@@ -232,8 +232,8 @@ def _kill_when(proc, path_fn, timeout=600):
 
 
 def test_kill9_grpo_and_opd_resume_exactly(study, cache, tmp_path):
-  """kill -9 in the middle of a GRPO phase and of the OPD phase, then one more run: both phases
-  end bitwise where the uninterrupted study fixture's did (same config, same compilation cache)."""
+  """kill -9 in the middle of a GRPO phase and of the OPD phase, then one more run: every phase
+  ends bitwise where the uninterrupted study fixture's did (same config, same compilation cache)."""
   ref, _ = study
   wd = tmp_path / "killed"
   for phase in ("base", "joint_grpo"):  # finished under the same config: reused as they are
