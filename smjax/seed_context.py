@@ -141,8 +141,8 @@ class SeedContext:
     return sharding.abstract_train_state(cfg or self.model_cfg, tx, self.mesh)[1]
 
   def new_state(self, params, tx, cfg=None):
-    """A fresh TrainState laid out by `state_shardings(tx, cfg)`; without a mesh, committed to the
-    default device, as a state restored from a checkpoint is. (An uncommitted state, and so every
+    """A fresh TrainState laid out by `state_shardings(tx, cfg)`; without a mesh, committed to this
+    process's first local device, as a state restored from a checkpoint is. (An uncommitted state, and so every
     array computed from it, lowers the same programs without their sharding annotations: the same
     numbers, but other compilation-cache keys, so a resumed study would compile everything again
     where a persistent compilation cache is on.)"""
