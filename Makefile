@@ -5,7 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 DEMO_WORKDIR ?= runs/demo
-PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist), each module on one: the suite is mostly single-threaded XLA
+# compiles, so two of them fill a 2-core machine. `make test PYTEST_ARGS=` runs one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: demo test bench study sandbox-tools malloc-tools clean
 

@@ -7,14 +7,14 @@ load the same directory) train exactly the same weights.
 What is timed here:
 - step: `jit_step(make_grpo_step(...))`, compiled ahead of time (compile time reported apart),
   on the fixed batch of `_peer_common.make_step_batch` (forward over prompt + completion, the LM
-  head and log-probs on the completion positions only (`GRPOConfig.logits_to_keep`, as TRL's
-  `logits_to_keep`), GRPO loss from rewards, backward, grad-norm clip, AdamW): median of `reps`
+  head and log-probs on the completion positions only (the batch's `Layout.completion_len`, as
+  TRL's `logits_to_keep`), GRPO loss from rewards, backward, grad-norm clip, AdamW): median of `reps`
   calls after `warmup`. The peers' computation, token for token.
-- step_shared_prompt: the same step with `GRPOConfig.shared_prompt_rows = G`: each prompt's
-  forward runs once for its G completions (smjax.train.scoring). The same loss, gradient
+- step_shared_prompt: the same step on a batch laid out with `Layout.rows_per_prompt = G`: each
+  prompt's forward runs once for its G completions (smjax.train.score). The same loss, gradient
   and update (its first loss and gradient norm are checked against the peer's too) with fewer
   FLOPs; neither peer does this.
-- step_packed: the shared-prompt step on the batch packed by `scoring.with_packing`: the
+- step_packed: the shared-prompt step on the batch packed by `smjax.batch.pack`: the
   completions run as one stream without their padding and without each row's last token (which
   predicts nothing), attention alone back in the padded row layout (smjax.models.attention
   PackedRows). The same update again (checked against the peer's first loss and gradient norm),
@@ -64,11 +64,11 @@ def _optimizer(lr: float):
       learning_rate=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0))
 
 
-def sequence_batch(b: dict[str, np.ndarray]):
+def sequence_batch(b: dict[str, np.ndarray], rows_per_prompt: int = 1):
   """The numpy step batch as a `SequenceBatch` (prompt ++ completion, target-aligned mask), laid
   out as `rollout_batch` lays out a sampler result of the same shapes."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from smjax.train.steps import SequenceBatch  # pylint: disable=import-outside-toplevel
+  from smjax.batch import Layout, SequenceBatch  # pylint: disable=import-outside-toplevel
   tokens = np.concatenate([b["prompt_BP"], b["completion_BC"]], axis=1).astype(np.int32)
   attn = np.concatenate([b["prompt_mask_BP"], b["completion_mask_BC"]], axis=1).astype(bool)
   positions = np.maximum(np.cumsum(attn, axis=1) - 1, 0).astype(np.int32)
@@ -77,7 +77,9 @@ def sequence_batch(b: dict[str, np.ndarray]):
   loss_mask[:, P - 1:] = b["completion_mask_BC"].astype(bool)
   return SequenceBatch(tokens_BS=jnp.asarray(tokens), positions_BS=jnp.asarray(positions),
                        attn_mask_BS=jnp.asarray(attn), loss_mask_BT=jnp.asarray(loss_mask),
-                       rewards_B=jnp.asarray(b["rewards_B"]))
+                       rewards_B=jnp.asarray(b["rewards_B"]),
+                       layout=Layout(completion_len=b["completion_BC"].shape[1],
+                                     rows_per_prompt=rows_per_prompt))
 
 
 class Side:
@@ -90,26 +92,27 @@ class Side:
     from smjax.flops import executable_flops  # pylint: disable=import-outside-toplevel
     from smjax.models import hf  # pylint: disable=import-outside-toplevel
     from smjax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-    from smjax.train import scoring, steps  # pylint: disable=import-outside-toplevel
+    from smjax.batch import check_layout, pack  # pylint: disable=import-outside-toplevel
+    from smjax.train import steps  # pylint: disable=import-outside-toplevel
+    from smjax.train.score import target_logprobs  # pylint: disable=import-outside-toplevel
     self.cfg, self.params = hf.load_params(model_dir)
     self.tx = _optimizer(lr)
     self.shared_prompt_rows = shared_prompt_rows
     self.packed = packed
     model = Transformer(self.cfg)
-    # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
-    # those only; the step makes the loss NaN if a loss-mask token fell outside them.
     grpo_cfg = steps.GRPOConfig(group_size=group_size, advantage_mode="grpo", eps_low=0.2,
-                                eps_high=0.28, beta=0.0, aggregation="token_mean",
-                                logits_to_keep=batch_np["completion_BC"].shape[1],
-                                shared_prompt_rows=shared_prompt_rows)
+                                eps_high=0.28, beta=0.0, aggregation="token_mean")
     step = steps.jit_step(steps.make_grpo_step(model, self.tx, grpo_cfg))
-    batch = sequence_batch(batch_np)
+    # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
+    # those only (the batch's layout, checked here on the host).
+    batch = sequence_batch(batch_np, shared_prompt_rows)
+    check_layout(batch)
     # Behaviour log-probs of the same parameters: ratios start at exactly the on-policy 1, as the
     # peers' (TRL and Tunix take the detached current log-probs when iterating once per batch).
-    self.batch = batch.replace(
-        old_logp_BT=jax.jit(scoring.make_logprob_fn(model))(self.params, batch))
-    if packed:  # the completions as one stream without their padding (scoring.with_packing)
-      self.batch = scoring.with_packing(self.batch, grpo_cfg.logits_to_keep)
+    self.batch = batch.replace(old_logp_BT=jax.jit(
+        lambda p, b: target_logprobs(model, p, b))(self.params, batch))
+    if packed:  # the completions as one stream without their padding
+      self.batch = pack(self.batch, bucket=batch_np["completion_BC"].shape[1])
     t0 = time.perf_counter()
     # Kept for recompiling with other XLA options (benchmarks/step_xla_options.py).
     self.lowered = step.fn.lower(self.fresh_state(), self.batch)
@@ -149,11 +152,11 @@ def step_bench(side: Side, *, reps: int, warmup: int) -> dict:
              first_loss=float(first_metrics["loss"]),
              first_grad_norm=float(first_metrics["grad_norm"]),
              what="jit_step(make_grpo_step): forward over prompt+completion, LM head on the "
-                  "completion positions (logits_to_keep), GRPO loss from rewards (token_mean), "
+                  "completion positions (Layout.completion_len), GRPO loss from rewards (token_mean), "
                   "backward, global-norm clip 1.0, AdamW"
                   + (f"; each prompt's forward once for its {side.shared_prompt_rows} rows "
-                     "(shared_prompt_rows)" if side.shared_prompt_rows > 1 else "")
-                  + ("; completions packed without their padding (scoring.with_packing)"
+                     "(Layout.rows_per_prompt)" if side.shared_prompt_rows > 1 else "")
+                  + ("; completions packed without their padding (smjax.batch.pack)"
                      if side.packed else ""))
   return out
 
@@ -164,7 +167,7 @@ def iteration_bench(side: Side, prompts: list[list[int]], *, group_size: int,
   """Times a full smjax GRPO iteration: sample, reward, batch, step (module docstring)."""
   import jax  # pylint: disable=import-outside-toplevel
   from smjax.rollout import Sampler  # pylint: disable=import-outside-toplevel
-  from smjax.train.batching import rollout_batch  # pylint: disable=import-outside-toplevel
+  from smjax.batch import rollout_batch  # pylint: disable=import-outside-toplevel
   sampler = Sampler(side.cfg, max_new_tokens=completion_len, eos_id=None, pad_id=common.PAD_ID,
                     prompt_buckets=(prompt_bucket,))
   holder = {"state": side.fresh_state(), "i": 0}
@@ -174,10 +177,11 @@ def iteration_bench(side: Side, prompts: list[list[int]], *, group_size: int,
     holder["i"] += 1
     res = sampler.generate(holder["state"].params, prompts, jax.random.key(seed + holder["i"]),
                            num_samples=group_size, temperature=1.0)
-    completion = np.asarray(res.completion_BT)
-    mask = np.asarray(res.completion_mask_BT).astype(bool)
+    completion = np.asarray(res.completion_BC)
+    mask = np.asarray(res.completion_mask_BC).astype(bool)
     rewards = [common.reward_of_ids(row[m]) for row, m in zip(completion, mask)]
-    new_state, metrics = side.step(holder["state"], rollout_batch(res, rewards_B=rewards))
+    batch = rollout_batch(res, rewards_B=rewards, share_prompt=side.shared_prompt_rows > 1)
+    new_state, metrics = side.step(holder["state"], batch)
     jax.block_until_ready((new_state, metrics))
     holder["state"] = new_state
     rewards_seen.append(float(np.mean(rewards)))

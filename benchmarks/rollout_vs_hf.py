@@ -108,14 +108,14 @@ def main():
     def ours():
       r = sampler.generate(params, prompts, jax.random.key(next(key)), num_samples=G,
                            greedy=greedy)
-      r.completion_BT.block_until_ready()
+      r.completion_BC.block_until_ready()
       return r
 
     t0 = time.perf_counter()
     res = ours()
     first = time.perf_counter() - t0
     ours_times = timed(ours, args.reps)
-    assert np.asarray(res.completion_mask_BT).all() and res.steps_run == T - 1
+    assert np.asarray(res.completion_mask_BC).all() and res.steps_run == T - 1
 
     # HF prefills every row (its num_return_sequences expands the inputs the same way).
     prompt_BP = torch.tensor(np.asarray(res.prompt_BP), dtype=torch.long)

@@ -47,7 +47,7 @@ def model_config(size: str, seq: int):
 def make_batches(cfg, *, batch: int, seq: int, group_size: int, seed: int = 0):
   """(SFT batch, GRPO batch without old log-probs): random tokens, a quarter of each row prompt."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from smjax.train.steps import SequenceBatch  # pylint: disable=import-outside-toplevel
+  from smjax.batch import SequenceBatch  # pylint: disable=import-outside-toplevel
   if batch % group_size:
     raise ValueError(f"--batch {batch} must be a multiple of --group-size {group_size}")
   rng = np.random.RandomState(seed)
@@ -144,7 +144,7 @@ def main(argv=None) -> dict:
   from smjax.flops import analytic_flops, executable_flops
   from smjax.models.transformer import Transformer, init_params
   from smjax.train import state as state_lib  # pylint: disable=import-outside-toplevel
-  from smjax.train import scoring  # pylint: disable=import-outside-toplevel
+  from smjax.train.score import target_logprobs  # pylint: disable=import-outside-toplevel
   from smjax.train import steps as steps_lib  # pylint: disable=import-outside-toplevel
 
   cfg = model_config(args.size, args.seq)
@@ -178,7 +178,7 @@ def main(argv=None) -> dict:
       step_def = steps_lib.make_grpo_step(model, tx, steps_lib.GRPOConfig(
           group_size=args.group_size))
       # Behaviour log-probs from the same parameters (ratios start at 1, as on-policy).
-      old = jax.jit(scoring.make_logprob_fn(model))(params, grpo_batch)
+      old = jax.jit(lambda p, b: target_logprobs(model, p, b))(params, grpo_batch)
       batch = grpo_batch.replace(old_logp_BT=old)
     state = state_lib.create_state(params, tx)
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ accuracy, seed-dependent (two_domain, seeds 0/1/2: math 67/9/21%, code 50/24/20%
 "The toy study").
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ Expected result: each expert improves its own domain and forgets the others (hel
 the other domain falls), the effect split-then-merge must undo.
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

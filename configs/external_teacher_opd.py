@@ -10,7 +10,7 @@ Expected result (paper): worse accuracy per FLOP than GRPO and longer answers; t
 what we measured.
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

@@ -7,7 +7,7 @@ Expected runtime: base ~30 s + ~0.1-0.15 s per step on a 2-core CPU (1200 steps:
 Expected result: held-out accuracy rises on both domains, slower per step than a single expert.
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ Expected runtime / result: not measured yet (no TPU has run this config); per st
 ledger gives the cost, and the report the same tables as the toy study.
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

@@ -13,7 +13,7 @@ measured in the two-domain full study (README, claim (d)): 2.9-8.5x fewer FLOPs 
 GRPO recovery, per seed.
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

@@ -21,7 +21,7 @@ configs, whatever they say about the paper's claims: at this scale joint GRPO be
 split-then-merge per FLOP).
 """
 
-from smjax.study_config import parse_arg, study_defaults
+from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):

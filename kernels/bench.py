@@ -37,6 +37,7 @@ DEFAULT_OUT = "bench_results/kernels.json"
 
 def reverse_kl_cases(args):
   """Per-token reverse KL summed over tokens: naive log_softmax of both vs smjax.kernels."""
+  from smjax.kernels import dispatch
   from smjax.kernels import reverse_kl as rk
 
   for v in args.vocab:
@@ -52,7 +53,7 @@ def reverse_kl_cases(args):
       return jnp.sum(rk.reverse_kl_reference(s, t))
 
     def fused(s, t):
-      return jnp.sum(rk.reverse_kl(s, t, impl=args.impl))
+      return jnp.sum(dispatch.reverse_kl(s, t, impl=args.impl))
 
     yield f"reverse_kl V={v}", case, naive, fused, make_inputs
 
@@ -61,6 +62,7 @@ def group_advantage_cases(args):
   """GRPO loss from rewards (group advantages + clipped objective + k3 KL + token_mean):
   grpo.py's XLA path vs the fused kernel (interpreted on CPU: its time there means nothing)."""
   from smjax.kernels import group_advantage as ga
+  from smjax.rl import grpo
 
   b, t, g = args.batch, args.seq, args.group
   case = dict(batch=b, seq=t, group=g, impl="pallas")
@@ -78,7 +80,7 @@ def group_advantage_cases(args):
     return logp, old, ref, rewards, mask
 
   def naive(*inputs):
-    return ga.grpo_loss_fused_reference(*inputs, **kw)[0]
+    return grpo.grpo_loss_from_rewards(*inputs, **kw)[0]
 
   def fused(*inputs):
     return ga.grpo_loss_fused(*inputs, **kw)[0]

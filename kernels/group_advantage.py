@@ -5,8 +5,11 @@ rewards, the per-token clipped objective and KL, and per-row sums (STAT_NAMES in
 a few [B]-sized XLA ops then apply the aggregation weights and form the metrics. The backward
 kernel writes d loss / d logp_BT; old/ref log-probs, rewards and the mask are constants.
 
-The math lives in smjax/rl/grpo.py: the kernel bodies call its per-token and per-row functions on
-their blocks, and `grpo_loss_fused_reference` is grpo.py's XLA path. Nothing is written twice.
+The per-block math is smjax/rl/grpo.py's: the kernel bodies call its per-token and per-row
+functions on their blocks (smjax.rl.grpo's XLA path runs the same functions on whole arrays).
+`grpo_loss_fused_reference` is written apart from both, straight from the formulas (DESIGN.md §5),
+so the tests compare the kernel with code it does not share. Which implementation a train step
+runs is decided in smjax.kernels.dispatch.
 
 Layout: grid over row blocks of `block_b` rows; each program holds its rows' full (padded) T in
 VMEM / behind pointers and loops over T in chunks of `block_t`. Each row carries its whole group's
@@ -17,10 +20,11 @@ running on the hardware has not been verified here (no accelerator).
 
 Sharding: XLA does not partition a pallas_call. With B sharded across devices, call this inside
 jax.shard_map over the batch axes, pass the global num_valid_tokens / num_sequences, and psum the
-loss (as with gradient accumulation, see smjax/rl/grpo.py); under plain jit the inputs would be
-gathered to every device.
+loss (as with gradient accumulation, see smjax/rl/grpo.py), as smjax.kernels.dispatch does; under
+plain jit the inputs would be gathered to every device.
 
-Legend: B batch rows, G group size, T time (completion tokens), K per-row statistics.
+Legend (DESIGN.md §4): B rows, G group size, T target positions (the scored completion columns);
+the per-row statistics are `stats` [B, STATS_WIDTH].
 """
 
 import dataclasses
@@ -68,21 +72,8 @@ class _Config:
   backend: str
 
 
-def resolve_impl(impl):
-  """'auto' -> 'pallas' on TPU/GPU, 'xla' on CPU; 'pallas' and 'xla' pass through."""
-  if impl not in grpo.IMPLS:
-    raise ValueError(f"{impl=} must be one of {grpo.IMPLS}")
-  if impl == "auto":
-    return "pallas" if jax.default_backend() in ("tpu", "gpu") else "xla"
-  return impl
-
-
 def _next_pow2(n):
   return 1 << max(0, int(n) - 1).bit_length()
-
-
-def _round_up(n, m):
-  return -(-n // m) * m
 
 
 def _check_blocks(block_sizes, *, backend, interpret):
@@ -278,7 +269,7 @@ def grpo_loss_fused(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, num_v
   b, t = logp_BT.shape
   # A block larger than the (power-of-two, >= one TPU lane tile) sequence only adds padding.
   block_t = min(bs.block_t, max(128, _next_pow2(t)))
-  b_pad, t_pad = _round_up(b, bs.block_b), _round_up(t, block_t)
+  b_pad, t_pad = pl.cdiv(b, bs.block_b) * bs.block_b, pl.cdiv(t, block_t) * block_t
   cfg = _Config(eps_low=float(eps_low), eps_high=float(eps_high), beta=float(beta),
                 kl_estimator=kl_estimator, group_size=int(group_size),
                 advantage_mode=advantage_mode, advantage_eps=float(advantage_eps),
@@ -307,12 +298,69 @@ def grpo_loss_fused_reference(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask
                               num_valid_tokens=None, num_sequences=None, *, group_size,
                               advantage_mode, advantage_eps=1e-6, eps_low, eps_high, beta,
                               kl_estimator, aggregation, max_len=None):
-  """Pure-jnp reference: grpo.py's XLA path with the same arguments."""
-  kw = dict(eps_low=eps_low, eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
-            aggregation=aggregation, max_len=max_len, num_valid_tokens=num_valid_tokens,
-            num_sequences=num_sequences, impl="xla")
+  """Pure-jnp reference of `grpo_loss_fused`, written from the formulas (DESIGN.md §5) and sharing
+  no code with the kernel or smjax.rl.grpo: (loss, aux) with the same metrics.
+
+  Advantages per group of G rows: grpo (r - mean) / (std + eps) with the unbiased std, drgrpo
+  r - mean, rloo r - mean of the other G - 1, 0 for a group whose rewards are all equal;
+  "precomputed": rewards_B are the advantages. Token loss -min(rho A, clip(rho) A) + beta KL with
+  rho = exp(logp - old) and KL = exp(ref - logp) - (ref - logp) - 1 (k3) or logp - ref (k1).
+  """
+  f32 = jnp.float32
+  valid = mask_BT > 0
+  m = valid.astype(f32)
+  logp = jnp.where(valid, logp_BT.astype(f32), 0.0)
+  old = jnp.where(valid, jax.lax.stop_gradient(old_logp_BT).astype(f32), 0.0)
+  r = jax.lax.stop_gradient(rewards_B).astype(f32)
   if advantage_mode == "precomputed":
-    return grpo.grpo_loss(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, **kw)
-  return grpo.grpo_loss_from_rewards(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT,
-                                     group_size=group_size, advantage_mode=advantage_mode,
-                                     advantage_eps=advantage_eps, **kw)
+    adv = r
+  else:
+    groups = r.reshape(-1, group_size)
+    mean = groups.mean(axis=1, keepdims=True)
+    if advantage_mode == "grpo":
+      std = jnp.sqrt(((groups - mean) ** 2).sum(axis=1, keepdims=True) / (group_size - 1))
+      adv = (groups - mean) / (std + advantage_eps)
+    elif advantage_mode == "drgrpo":
+      adv = groups - mean
+    else:
+      adv = groups - (groups.sum(axis=1, keepdims=True) - groups) / (group_size - 1)
+    constant = groups.max(axis=1, keepdims=True) == groups.min(axis=1, keepdims=True)
+    adv = jnp.where(constant, 0.0, adv).reshape(-1)
+  a = adv[:, None]
+  ratio = jnp.exp(logp - old)
+  pg = -jnp.minimum(ratio * a, jnp.clip(ratio, 1 - eps_low, 1 + eps_high) * a)
+  if ref_logp_BT is None:
+    kl = jnp.zeros_like(ratio)
+  else:
+    d = jnp.where(valid, jax.lax.stop_gradient(ref_logp_BT).astype(f32), 0.0) - logp
+    kl = jnp.exp(d) - d - 1 if kl_estimator == "k3" else -d
+  tok_B = m.sum(axis=1)
+  tokens = tok_B.sum()
+  seqs = (tok_B > 0).sum().astype(f32)
+  tok_norm = jnp.maximum(tokens if num_valid_tokens is None else num_valid_tokens, 1)
+  seq_norm = jnp.maximum(seqs if num_sequences is None else num_sequences, 1)
+
+  def aggregate(x_BT):
+    rows = (x_BT * m).sum(axis=1)
+    if aggregation == "token_mean":
+      return rows.sum() / tok_norm
+    if aggregation == "seq_mean_token_mean":
+      return (rows / jnp.maximum(tok_B, 1)).sum() / seq_norm
+    return rows.sum() / ((max_len or logp_BT.shape[1]) * seq_norm)
+
+  sg = jax.lax.stop_gradient
+  per_token = lambda x: (sg(x) * m).sum() / jnp.maximum(tokens, 1)  # noqa: E731
+  clip_low = valid & (a < 0) & (ratio < 1 - eps_low)
+  clip_high = valid & (a > 0) & (ratio > 1 + eps_high)
+  aux = {
+      "pg_loss": sg(aggregate(pg)), "kl_loss": sg(aggregate(kl)), "kl_mean": per_token(kl),
+      "clip_frac_low": per_token(clip_low.astype(f32)),
+      "clip_frac_high": per_token(clip_high.astype(f32)),
+      "ratio_mean": per_token(ratio),
+      "ratio_max": jnp.where(tokens > 0, jnp.max(jnp.where(valid, sg(ratio), -jnp.inf)), 0.0),
+      "ratio_min": jnp.where(tokens > 0, jnp.min(jnp.where(valid, sg(ratio), jnp.inf)), 0.0),
+      "num_valid_tokens": tokens, "num_sequences": seqs,
+      "advantage_mean": jnp.mean(adv), "advantage_std": jnp.std(adv),
+  }
+  aux["clip_frac"] = aux["clip_frac_low"] + aux["clip_frac_high"]
+  return aggregate(pg + beta * kl), aux

@@ -1,6 +1,6 @@
-"""Fused per-token full-vocabulary reverse KL, KL(p_s || p_t), without [N, V] probabilities.
+"""Fused per-token full-vocabulary reverse KL, KL(p_s || p_t), without [tokens, V] probabilities.
 
-    KL_n = sum_v p_s(v) (a_v - b_v),  a = s - lse(s),  b = t - lse(t),  p_s = exp(a)
+    KL = sum_v p_s(v) (a_v - b_v),  a = s - lse(s),  b = t - lse(t),  p_s = exp(a)
          = sum_v p_s(v) (s_v - t_v) - lse(s) + lse(t)
 
 Forward: one pass over V blocks with an online log-sum-exp (flash style) keeping, per token, the
@@ -16,17 +16,19 @@ zeros); in OPD the teacher is a constant and costs nothing in the backward.
 
 Three implementations, one math (`_online_update`, `_finalize`, `_grad_block` below):
 - Pallas "tpu" variant (Mosaic): grid (token blocks, V blocks), V innermost and sequential,
-  running statistics in VMEM scratch, lane-replicated [N, 128] statistics (the (8, 128) tiling).
+  running statistics in VMEM scratch, lane-replicated [tokens, 128] statistics (the (8, 128)
+  tiling).
 - Pallas "gpu" variant (Triton): grid over token blocks; V is a fori_loop inside the kernel with
   masked loads (Triton has no sequential grid axis and no scratch); power-of-two blocks.
 - "xla": a fori_loop over token chunks (custom_vjp too), so neither pass holds more than
-  [chunk, V] temporaries; the default on CPU.
+  [chunk, V] temporaries; what smjax.kernels.dispatch runs on CPU.
 Tested here on CPU: both Pallas variants in interpret mode, and their lowering to Mosaic MLIR /
 Triton IR (lowering_platforms=("tpu",) / ("cuda",)). Compiling and running on a TPU or GPU, and
 the default block sizes, are unverified. Vocab and token counts need not divide the blocks: tails
 are masked.
 
-Legend: N tokens (any leading dims flattened), V vocab.
+Legend (DESIGN.md §4): V vocab; the token axis (any leading dims flattened) is named in words
+(`tokens`, `_tokV`), and `block_n` is the tokens per block.
 """
 
 import dataclasses
@@ -253,7 +255,7 @@ def _pallas_grads(s, t, stats, cfg, want_t):
 
 def _chunks(n, chunk, body, init):
   # The last chunk is shifted back to end at n (rows recomputed identically), so no
-  # [N, V] array is ever padded or copied.
+  # [tokens, V] array is ever padded or copied.
   def step(i, carry):
     return body(jnp.minimum(i * chunk, n - chunk), carry)
 
@@ -309,15 +311,15 @@ def _stats(s, t, cfg):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _reverse_kl_nv(s_NV, t_NV, cfg):
-  return _stats(s_NV, t_NV, cfg)[0]
+def _reverse_kl_nv(s_tokV, t_tokV, cfg):
+  return _stats(s_tokV, t_tokV, cfg)[0]
 
 
-def _reverse_kl_fwd(s_NV, t_NV, cfg):
-  s, t = s_NV.value, t_NV.value
+def _reverse_kl_fwd(s_tokV, t_tokV, cfg):
+  s, t = s_tokV.value, t_tokV.value
   kl, lse_s, lse_t = _stats(s, t, cfg)
   # None vs () is static pytree structure: it tells the backward whether t needs a gradient.
-  want_t = () if t_NV.perturbed else None
+  want_t = () if t_tokV.perturbed else None
   return kl, (s, t, kl, lse_s, lse_t, want_t)
 
 
@@ -363,7 +365,7 @@ def reverse_kl(
     student_logits: jax.Array,
     teacher_logits: jax.Array,
     *,
-    impl: Literal["auto", "pallas", "xla"] = "auto",
+    impl: Literal["pallas", "xla"] = "pallas",
     block_sizes: BlockSizes | None = None,
     chunk_tokens: int | None = None,
     platform: Literal["tpu", "gpu"] | None = None,
@@ -372,12 +374,12 @@ def reverse_kl(
   """Per-token KL(softmax(student) || softmax(teacher)) over the last axis, in float32.
 
   student_logits, teacher_logits: [..., V], same shape (any float dtypes). Returns [...].
-  impl: "pallas" (fused kernel; interpreted on CPU), "xla" (token-chunked, memory-bounded) or
-    "auto" (pallas on TPU/GPU, xla on CPU).
+  impl: "pallas" (fused kernel; interpreted on CPU) or "xla" (token-chunked, memory-bounded);
+    which one a train step runs ("auto") is decided by smjax.kernels.dispatch.reverse_kl.
   platform: which Pallas variant ("tpu" grid reduction, "gpu" in-kernel loop); defaults to the
     backend's (the tpu variant on CPU).
   chunk_tokens: tokens per chunk of the xla path (default: about 2**20 logits a chunk).
-  Differentiable w.r.t. both logits (custom_vjp, never materialises [N, V] probabilities).
+  Differentiable w.r.t. both logits (custom_vjp, never materialises [tokens, V] probabilities).
   """
   if student_logits.shape != teacher_logits.shape:
     raise ValueError(
@@ -388,13 +390,12 @@ def reverse_kl(
   for name, x in (("student_logits", student_logits), ("teacher_logits", teacher_logits)):
     if not jnp.issubdtype(x.dtype, jnp.floating):
       raise ValueError(f"reverse_kl: {name} dtype {x.dtype} must be floating")
-  if impl not in ("auto", "pallas", "xla"):
-    raise ValueError(f"reverse_kl: {impl=} must be 'auto', 'pallas' or 'xla'")
+  if impl not in ("pallas", "xla"):
+    raise ValueError(f"reverse_kl: {impl=} must be 'pallas' or 'xla' (smjax.kernels.dispatch."
+                     "reverse_kl resolves 'auto')")
   if platform not in (None, "tpu", "gpu"):
     raise ValueError(f"reverse_kl: {platform=} must be None, 'tpu' or 'gpu'")
   on_cpu = jax.default_backend() == "cpu"
-  if impl == "auto":
-    impl = "xla" if on_cpu else "pallas"
   *lead, v = student_logits.shape
   n = math.prod(lead)
   if n == 0:

@@ -3,6 +3,14 @@
 GRPO experts per domain, multi-teacher on-policy distillation (MOPD) into one student, and a FLOP
 ledger that counts every training FLOP of each route. See README.md for the map of the package.
 
+Shapes are in the names of arrays (`logits_BTV`, `mask_BT`), with one letter legend for the whole
+project (DESIGN.md §4); no module gives a letter another meaning, and anything else is named in
+words (`s_BT_topk`, `w_Bblocks_block`):
+
+  B rows            G group size (samples per prompt)   P prompt length     C completion length
+  S = P + C         T = S - 1 target positions (query time inside the model)
+  D model dim       N query heads    K kv heads    H head dim    F mlp dim    V vocab    L layers
+
 With SMJAX_CPU_MALLOC=tuned in the environment, importing smjax sets glibc's malloc so that XLA:CPU
 reuses a big step's per-call buffers instead of page-faulting them in again on every call; the
 command line (smjax.main) gets the same from tcmalloc where installed (smjax.cpu_malloc says when

@@ -24,8 +24,9 @@ A FLOP is what XLA's cost analysis of the compiled executable says it does, time
   signature); asking again in the hot loop compiles nothing.
 - FLOPs are Python ints (XLA's counts are integral), so ledger sums are exact at any size.
 
-Einsum letters (analytic counts): T tokens, S key slots, D model dim, N query heads, K kv heads,
-H head dim, F mlp dim, V vocab, L layers.
+The analytic counts use the project's legend (DESIGN.md §4) for the model's sizes: D model dim,
+N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; token and key counts are
+named in words.
 """
 
 from __future__ import annotations
@@ -238,10 +239,3 @@ def analytic_flops(cfg, *, tokens: int, context_len: float, backward: bool,
     attention = per_key * context_len
   forward = dense + attention
   return 3 * forward if backward else forward
-
-
-def __getattr__(name):  # the ledger lives in smjax/ledger.py; re-exported here lazily (no cycle)
-  if name in ("FlopLedger", "FlopRecord", "flops_to_reach", "describe_reach", "PHASES"):
-    from smjax import ledger
-    return getattr(ledger, name)
-  raise AttributeError(f"module 'smjax.flops' has no attribute {name!r}")

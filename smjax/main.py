@@ -2,7 +2,7 @@
 
 Also installed as the `smjax` console script. It restarts itself once with tcmalloc preloaded where
 that is installed (smjax.cpu_malloc). Everything it does is library code in
-smjax.experiment; this file only parses flags. Overrides use ml_collections' syntax, e.g.
+smjax.study; this file only parses flags. Overrides use ml_collections' syntax, e.g.
 `--config.joint.steps=400`; an unknown field is an error naming it.
 """
 
@@ -29,7 +29,7 @@ def main(argv):
   from smjax import cpu_malloc, distributed  # pylint: disable=import-outside-toplevel
   logging.info("malloc: %s", cpu_malloc.STATUS)
   distributed.maybe_initialize()  # multi-host pods: before any jax computation; no-op otherwise
-  from smjax.experiment import run_study  # pylint: disable=import-outside-toplevel
+  from smjax.study.run import run_study  # pylint: disable=import-outside-toplevel
   report = run_study(_CONFIG.value, _WORKDIR.value)
   print()
   print(report["table"])

@@ -26,8 +26,9 @@ figure errs on the safe side. With --micro-batches > 1 XLA counts the accumulati
 once, so the printed FLOPs are one micro-batch's plus the update (the FLOP ledger multiplies).
 
 `--completion-len C` compiles the step as the study runs it: the LM head and loss on the last C
-positions only (`logits_to_keep`); with `--shared-prompt` each prompt's forward also runs once
-for its --group-size rows (`shared_prompt_rows`), the prompt being the first seq - C tokens.
+positions only (the batch's `Layout.completion_len`, smjax.batch); with `--shared-prompt` each
+prompt's forward also runs once for its --group-size rows (`Layout.rows_per_prompt`), the prompt
+being the first seq - C tokens.
 """
 
 from __future__ import annotations
@@ -70,11 +71,11 @@ def default_hbm_gib(topology: str | None) -> float | None:
   return HBM_GIB.get(m.group(1)) if m else None
 
 
-def _abstract_batch(cfg, *, objective: str, batch: int, seq: int, beta: float):
+def _abstract_batch(cfg, *, objective: str, batch: int, seq: int, beta: float, layout):
   import jax
   import jax.numpy as jnp
 
-  from smjax.train.steps import SequenceBatch
+  from smjax.batch import SequenceBatch
 
   def sds(shape, dtype):
     return jax.ShapeDtypeStruct(shape, dtype)
@@ -92,7 +93,7 @@ def _abstract_batch(cfg, *, objective: str, batch: int, seq: int, beta: float):
     fields["teacher_logp_BT"] = sds((B, T), jnp.float32)
   else:
     fields["teacher_logits_BTV"] = sds((B, T, cfg.vocab_size), jnp.float32)
-  return SequenceBatch(**fields)
+  return SequenceBatch(**fields, layout=layout)
 
 
 def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective: str = "grpo",
@@ -106,6 +107,7 @@ def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective
 
   from smjax import aot
   from smjax import sharding as shd
+  from smjax.batch import Layout
   from smjax.flops import analytic_flops
   from smjax.models.transformer import Transformer
   from smjax.train import steps as st
@@ -125,16 +127,17 @@ def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective
                      "seq - completion_len tokens)")
   model = Transformer(cfg)
   tx = make_optimizer(OptimizerConfig())
-  window = dict(logits_to_keep=completion_len or None,
-                shared_prompt_rows=group_size if shared_prompt else 1)
+  layout = Layout(completion_len=completion_len,
+                  rows_per_prompt=group_size if shared_prompt else 1)
   if objective == "grpo":
     step_def = st.make_grpo_step(model, tx, st.GRPOConfig(
-        group_size=group_size, beta=beta, micro_batches=micro_batches, impl="xla", **window))
+        group_size=group_size, beta=beta, micro_batches=micro_batches, impl="xla"))
   else:
     step_def = st.make_opd_step(model, tx, st.OPDConfig(
         objective=objective.removeprefix("opd-").replace("-", "_"), micro_batches=micro_batches,
-        impl="xla", **window))
-  abstract_batch = _abstract_batch(cfg, objective=objective, batch=batch, seq=seq, beta=beta)
+        impl="xla"))
+  abstract_batch = _abstract_batch(cfg, objective=objective, batch=batch, seq=seq, beta=beta,
+                                   layout=layout)
 
   cache = {}
 

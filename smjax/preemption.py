@@ -42,10 +42,6 @@ class PreemptionGuard:
   def _handle(self, signum, frame) -> None:  # pylint: disable=unused-argument
     self.received = signum
 
-  def request_stop(self) -> None:
-    """Stop as if a signal had arrived (tests, or a host-side time budget)."""
-    self.received = self.received or -1
-
   def should_stop(self) -> bool:
     stop = self.received is not None
     if jax.process_count() > 1:

@@ -10,14 +10,12 @@ matched within the completion); that token is part of the completion and masked 
 chose it); later slots hold `pad_id`, mask 0, log-prob 0. The host reads back two small things per
 call, the number of decode steps run and the lengths, for the FLOP ledger.
 
-Log-probs. `logprobs_BT` is log π(y_t) under the policy at temperature 1: the unmodified
+Log-probs. `logprobs_BC` is log π(y_c) under the policy at temperature 1: the unmodified
 `log_softmax` of the raw logits at the sampled token, whatever temperature / top-k / top-p was used
-to sample. That is the behaviour log-prob the GRPO ratio and OPD need. `sampling_logprobs_BT` is the
-log-prob under the distribution actually sampled from (temperature, then top-k, then top-p,
-renormalised; 0 for greedy).
+to sample. That is the behaviour log-prob the GRPO ratio and OPD need.
 
 Randomness: row r's token t is drawn by inverse cdf from u[r, t], where
-u[r] = uniform(fold_in(rng, r), [T]) is drawn once at prefill. A row's draws do not depend on the
+u[r] = uniform(fold_in(rng, r), [C]) is drawn once at prefill. A row's draws do not depend on the
 batch size, the sharding or the other rows: G copies of a prompt sampled from one shared prefill
 give exactly the tokens G separate copies of the prompt would.
 
@@ -25,8 +23,9 @@ FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program 
 separately jitted single decode step (the exact loop body) times the decode steps that ran.
 The "useful" count is `smjax.flops.analytic_flops` of the real (unpadded) tokens.
 
-Legend: B rows (prompts x G), P prompt length (bucketed), T new tokens, S cache slots, V vocab,
-W stop-window length, X stop sequences, E eos ids.
+Legend (DESIGN.md §4): B rows (prompts x G), G samples per prompt, P prompt length (bucketed),
+C new (completion) tokens, V vocab; stop sets are named in words (`stop_tokens`: [stop sequences,
+window]).
 """
 
 from __future__ import annotations
@@ -39,12 +38,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec
 
 from smjax import sharding as shd
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.sampling import filter_top_k_top_p, inverse_cdf, picked_logprob
-from smjax.models.transformer import KVCache, ModelConfig, Transformer, init_cache, lm_head
+from smjax.models.transformer import (KVCache, ModelConfig, Transformer, init_cache, lm_head,
+                                      positions_from_mask)
 
 
 @flax.struct.dataclass
@@ -56,9 +56,9 @@ class SamplingParams:
   top_k: jax.Array         # i32 scalar, 0 = off
   top_p: jax.Array         # f32 scalar, 1 = off
   pad_id: jax.Array        # i32 scalar
-  eos_E: jax.Array         # i32 [E], -1 = unused slot
-  stops_XW: jax.Array      # i32 [X, W], right-aligned, -1 = no token (matches anything)
-  stop_valid_X: jax.Array  # bool [X]
+  eos_ids: jax.Array       # i32 [eos slots], -1 = unused slot
+  stop_tokens: jax.Array   # i32 [stop sequences, window], right-aligned, -1 = matches anything
+  stop_valid: jax.Array    # bool [stop sequences]
 
 
 @flax.struct.dataclass
@@ -68,14 +68,13 @@ class SamplingState:
   last_B: jax.Array          # i32: token to feed next
   position_B: jax.Array      # i32: its RoPE position
   cache: KVCache
-  uniform_BT: jax.Array      # f32: the uniform that draws each token (see module docstring)
-  tokens_BT: jax.Array
-  mask_BT: jax.Array
-  logprobs_BT: jax.Array
-  sampling_logprobs_BT: jax.Array
+  uniform_BC: jax.Array      # f32: the uniform that draws each token (see module docstring)
+  tokens_BC: jax.Array
+  mask_BC: jax.Array
+  logprobs_BC: jax.Array
   done_B: jax.Array
   lengths_B: jax.Array
-  recent_BW: jax.Array       # last W emitted tokens, for stop-sequence matching
+  recent_tokens: jax.Array   # i32 [B, window]: the last emitted tokens, for stop sequences
 
 
 @dataclasses.dataclass
@@ -83,20 +82,18 @@ class RolloutResult:
   """One `generate` call. Rows B = num_prompts x num_samples, ordered [p0 x G, p1 x G, ...].
 
   prompt_BP / prompt_mask_BP: each row's prompt, left-padded to the bucket length P.
-  completion_BT / completion_mask_BT: sampled tokens (pad after a row's stop) and their mask.
+  completion_BC / completion_mask_BC: sampled tokens (pad after a row's stop) and their mask.
   lengths_B: masked-in completion tokens, EOS / stop-sequence tokens included.
-  logprobs_BT: log-softmax of the raw logits (temperature 1) at the sampled tokens, 0 where masked.
-  sampling_logprobs_BT: the same under the distribution sampled from (0 for greedy).
+  logprobs_BC: log-softmax of the raw logits (temperature 1) at the sampled tokens, 0 where masked.
   program_calls: [prefill x 1, decode step x steps_run] for the FLOP ledger; each one's `useful`
     is the analytic FLOPs of the real (unpadded) tokens over all its calls.
   """
   prompt_BP: jax.Array
   prompt_mask_BP: jax.Array
-  completion_BT: jax.Array
-  completion_mask_BT: jax.Array
+  completion_BC: jax.Array
+  completion_mask_BC: jax.Array
   lengths_B: jax.Array
-  logprobs_BT: jax.Array
-  sampling_logprobs_BT: jax.Array
+  logprobs_BC: jax.Array
   program_calls: list[ProgramCall]
   steps_run: int
   num_prompts: int
@@ -136,42 +133,37 @@ def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, floa
 # --------------------------------------------------------------------------------- sampling
 
 def _sample(logits_BV, u_B, sp: SamplingParams):
-  """(token, policy log-prob at temperature 1, sampling-distribution log-prob) per row."""
+  """(token, policy log-prob at temperature 1) per row."""
   logits_BV = logits_BV.astype(jnp.float32)
 
   def sampled(_):
     scaled_BV = logits_BV / sp.temperature
     scaled_BV = jax.lax.cond(sp.filtering, filter_top_k_top_p, lambda x, *_: x, scaled_BV,
                              sp.top_k, sp.top_p)
-    tok_B = inverse_cdf(u_B, scaled_BV)
-    return tok_B, picked_logprob(scaled_BV, tok_B)
+    return inverse_cdf(u_B, scaled_BV)
 
-  def greedy(_):
-    tok_B = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    return tok_B, jnp.zeros(tok_B.shape, jnp.float32)
-
-  tok_B, slp_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
-  return tok_B, picked_logprob(logits_BV, tok_B), slp_B
+  greedy = lambda _: jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+  tok_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
+  return tok_B, picked_logprob(logits_BV, tok_B)
 
 
 def _advance(state: SamplingState, logits_BV, sp: SamplingParams):
   """Samples completion token `state.t` for every row, records it, updates per-row stops."""
-  u_B = jax.lax.dynamic_index_in_dim(state.uniform_BT, state.t, axis=1, keepdims=False)
-  tok_B, lp_B, slp_B = _sample(logits_BV, u_B, sp)
+  u_B = jax.lax.dynamic_index_in_dim(state.uniform_BC, state.t, axis=1, keepdims=False)
+  tok_B, lp_B = _sample(logits_BV, u_B, sp)
   live_B = ~state.done_B
   tok_B = jnp.where(live_B, tok_B, sp.pad_id)
-  recent_BW = jnp.concatenate([state.recent_BW[:, 1:], tok_B[:, None]], axis=1)
-  hit_eos_B = jnp.any(tok_B[:, None] == sp.eos_E[None, :], axis=-1)
-  match_BXW = (sp.stops_XW[None] == recent_BW[:, None]) | (sp.stops_XW[None] < 0)
-  hit_stop_B = jnp.any(jnp.all(match_BXW, axis=-1) & sp.stop_valid_X[None], axis=-1)
+  recent_tokens = jnp.concatenate([state.recent_tokens[:, 1:], tok_B[:, None]], axis=1)
+  hit_eos_B = jnp.any(tok_B[:, None] == sp.eos_ids[None, :], axis=-1)
+  match = (sp.stop_tokens[None] == recent_tokens[:, None]) | (sp.stop_tokens[None] < 0)
+  hit_stop_B = jnp.any(jnp.all(match, axis=-1) & sp.stop_valid[None], axis=-1)
   col = lambda buf, v: buf.at[:, state.t].set(v)
   return state.replace(
-      t=state.t + 1, last_B=tok_B, tokens_BT=col(state.tokens_BT, tok_B),
-      mask_BT=col(state.mask_BT, live_B),
-      logprobs_BT=col(state.logprobs_BT, jnp.where(live_B, lp_B, 0.0)),
-      sampling_logprobs_BT=col(state.sampling_logprobs_BT, jnp.where(live_B, slp_B, 0.0)),
+      t=state.t + 1, last_B=tok_B, tokens_BC=col(state.tokens_BC, tok_B),
+      mask_BC=col(state.mask_BC, live_B),
+      logprobs_BC=col(state.logprobs_BC, jnp.where(live_B, lp_B, 0.0)),
       done_B=state.done_B | (live_B & (hit_eos_B | hit_stop_B)),
-      lengths_B=state.lengths_B + live_B.astype(jnp.int32), recent_BW=recent_BW)
+      lengths_B=state.lengths_B + live_B.astype(jnp.int32), recent_tokens=recent_tokens)
 
 
 def _constrain(state: SamplingState, mesh) -> SamplingState:
@@ -181,7 +173,7 @@ def _constrain(state: SamplingState, mesh) -> SamplingState:
   def put(x):
     if x.ndim == 0:
       return x
-    spec = P(shd.BATCH_AXES, *([P.UNCONSTRAINED] * (x.ndim - 1)))
+    spec = PartitionSpec(shd.BATCH_AXES, *([PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)))
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
   return jax.tree.map(put, state)
 
@@ -195,10 +187,10 @@ _STATIC = ("cfg", "mesh")
 def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg, max_new_tokens,
              num_samples, mesh) -> SamplingState:
   """Prompt forward once, cache repeated G times, completion token 0 sampled for every row."""
-  B, Pn = prompt_BP.shape
-  G, T = num_samples, max_new_tokens
-  positions_BP = jnp.maximum(jnp.cumsum(mask_BP, axis=1) - 1, 0)
-  cache = init_cache(cfg, B, Pn + T - 1)
+  B, P = prompt_BP.shape
+  G, C = num_samples, max_new_tokens
+  positions_BP = positions_from_mask(mask_BP)
+  cache = init_cache(cfg, B, P + C - 1)
   hidden_BPD, cache = Transformer(cfg).apply({"params": params}, prompt_BP, positions_BP, mask_BP,
                                              cache, return_hidden=True)
   logits_BV = lm_head(params, cfg, hidden_BPD[:, -1:])[:, 0]  # left-padded: last slot is real
@@ -209,18 +201,17 @@ def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg
   if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.key_data(rng)
   rng = jax.random.wrap_key_data(rng)
-  uniform_BT = jax.vmap(lambda r: jax.random.uniform(jax.random.fold_in(rng, r), (T,)))(
+  uniform_BC = jax.vmap(lambda r: jax.random.uniform(jax.random.fold_in(rng, r), (C,)))(
       jnp.arange(R))
-  W = sp.stops_XW.shape[1]
+  window = sp.stop_tokens.shape[1]
   state = SamplingState(
       t=jnp.zeros((), jnp.int32), last_B=jnp.zeros((R,), jnp.int32),
       position_B=rep(jnp.sum(mask_BP, axis=1, dtype=jnp.int32)), cache=cache,
-      uniform_BT=uniform_BT,
-      tokens_BT=jnp.full((R, T), sp.pad_id, jnp.int32), mask_BT=jnp.zeros((R, T), bool),
-      logprobs_BT=jnp.zeros((R, T), jnp.float32),
-      sampling_logprobs_BT=jnp.zeros((R, T), jnp.float32),
+      uniform_BC=uniform_BC,
+      tokens_BC=jnp.full((R, C), sp.pad_id, jnp.int32), mask_BC=jnp.zeros((R, C), bool),
+      logprobs_BC=jnp.zeros((R, C), jnp.float32),
       done_B=~rep(real_B), lengths_B=jnp.zeros((R,), jnp.int32),
-      recent_BW=jnp.full((R, W), -1, jnp.int32))
+      recent_tokens=jnp.full((R, window), -1, jnp.int32))
   state = _advance(_constrain(state, mesh), rep(logits_BV), sp)
   return _constrain(state, mesh)
 
@@ -249,19 +240,19 @@ def _decode_loop(params, state: SamplingState, sp: SamplingParams, *, cfg, max_n
 
 
 @jax.jit
-def _full_sequence(prompt_BP, prompt_mask_BP, completion_BT, completion_mask_BT) -> FullSequence:
-  mask_BS = jnp.concatenate([prompt_mask_BP, completion_mask_BT], axis=1)
+def _full_sequence(prompt_BP, prompt_mask_BP, completion_BC, completion_mask_BC) -> FullSequence:
+  mask_BS = jnp.concatenate([prompt_mask_BP, completion_mask_BC], axis=1)
   return FullSequence(
-      tokens_BS=jnp.concatenate([prompt_BP, completion_BT], axis=1),
-      positions_BS=jnp.maximum(jnp.cumsum(mask_BS, axis=1) - 1, 0).astype(jnp.int32),
+      tokens_BS=jnp.concatenate([prompt_BP, completion_BC], axis=1),
+      positions_BS=positions_from_mask(mask_BS),
       mask_BS=mask_BS,
-      loss_mask_BS=jnp.concatenate([jnp.zeros_like(prompt_mask_BP), completion_mask_BT], axis=1))
+      loss_mask_BS=jnp.concatenate([jnp.zeros_like(prompt_mask_BP), completion_mask_BC], axis=1))
 
 
 def full_sequence(result: RolloutResult) -> FullSequence:
   """tokens / positions / attention mask / loss mask over prompt ++ completion (see FullSequence)."""
-  return _full_sequence(result.prompt_BP, result.prompt_mask_BP, result.completion_BT,
-                        result.completion_mask_BT)
+  return _full_sequence(result.prompt_BP, result.prompt_mask_BP, result.completion_BC,
+                        result.completion_mask_BC)
 
 
 # ------------------------------------------------------------------------------------- host
@@ -358,32 +349,32 @@ class Sampler:
                stop_sequences: Sequence[Sequence[int]] = ()) -> RolloutResult:
     """Samples `num_samples` completions per prompt (rows [p0 x G, p1 x G, ...]).
 
-    temperature 0 means greedy. Returned `logprobs_BT` are always the temperature-1 policy's
+    temperature 0 means greedy. Returned `logprobs_BC` are always the temperature-1 policy's
     (raw-logit log-softmax) at the sampled tokens; see the module docstring.
     """
     self._check(prompts, num_samples, temperature, top_k, top_p, stop_sequences)
     greedy = bool(greedy or temperature == 0)
     filtering = not greedy and (top_k > 0 or top_p < 1.0)
-    n, G, T = len(prompts), num_samples, self.max_new_tokens
+    n, G, C = len(prompts), num_samples, self.max_new_tokens
     b_pad = n  # fewest dummy prompts so that the B·G rows split evenly over the batch shards
     while (b_pad * G) % self._batch_shards:
       b_pad += 1
     length = bucket_length(max(len(p) for p in prompts), self.prompt_buckets)
     tok_np, mask_np = pad_prompts(prompts, length=length, pad_id=self.pad_id, rows=b_pad)
-    # Stop-set shapes rounded up (X to a power of two >= 2, W to a multiple of 4) so that most
-    # stop sets, none included, share one program.
-    W = _round_up(max([len(s) for s in stop_sequences] or [1]), 4)
-    X = max(2, 1 << (len(stop_sequences) - 1).bit_length())
-    stops = np.full((X, W), -1, np.int32)
+    # Stop-set shapes rounded up (the number of stops to a power of two >= 2, the window to a
+    # multiple of 4) so that most stop sets, none included, share one program.
+    window = _round_up(max([len(s) for s in stop_sequences] or [1]), 4)
+    num_stops = max(2, 1 << (len(stop_sequences) - 1).bit_length())
+    stops = np.full((num_stops, window), -1, np.int32)
     for i, s in enumerate(stop_sequences):
-      stops[i, W - len(s):] = s
+      stops[i, window - len(s):] = s
     eos = np.full(_round_up(max(len(self.eos_ids), 1), 4), -1, np.int32)
     eos[:len(self.eos_ids)] = self.eos_ids
     sp = SamplingParams(
         greedy=jnp.bool_(greedy), filtering=jnp.bool_(filtering),
         temperature=jnp.float32(temperature if not greedy else 1.0), top_k=jnp.int32(top_k),
-        top_p=jnp.float32(top_p), pad_id=jnp.int32(self.pad_id), eos_E=jnp.asarray(eos),
-        stops_XW=jnp.asarray(stops), stop_valid_X=jnp.asarray(np.arange(X) < len(stop_sequences)))
+        top_p=jnp.float32(top_p), pad_id=jnp.int32(self.pad_id), eos_ids=jnp.asarray(eos),
+        stop_tokens=jnp.asarray(stops), stop_valid=jnp.asarray(np.arange(num_stops) < len(stop_sequences)))
     if self.mesh is not None:
       sp = jax.device_put(sp, shd.replicated(self.mesh))
     params = self._place_params(params)
@@ -391,10 +382,10 @@ class Sampler:
     real_B = self._place(np.arange(b_pad) < n, True)
     static = dict(cfg=self.cfg, mesh=self.mesh)
     prefill_args = (params, prompt_BP, mask_BP, real_B, rng, sp)
-    prefill_kwargs = dict(static, max_new_tokens=T, num_samples=G)
+    prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G)
     state = _prefill(*prefill_args, **prefill_kwargs)
     step_args = jax.tree.map(shape_struct, (params, state, sp))
-    state = _decode_loop(params, state, sp, max_new_tokens=T, **static)
+    state = _decode_loop(params, state, sp, max_new_tokens=C, **static)
     steps_run = int(state.t) - 1
 
     cut = (lambda x: x) if b_pad == n else (lambda x: x[:n * G])
@@ -409,7 +400,7 @@ class Sampler:
     rep = lambda x: jnp.repeat(x, G, axis=0)
     return RolloutResult(
         prompt_BP=cut(rep(prompt_BP)), prompt_mask_BP=cut(rep(mask_BP)),
-        completion_BT=cut(state.tokens_BT), completion_mask_BT=cut(state.mask_BT),
-        lengths_B=cut(state.lengths_B), logprobs_BT=cut(state.logprobs_BT),
-        sampling_logprobs_BT=cut(state.sampling_logprobs_BT), program_calls=calls,
+        completion_BC=cut(state.tokens_BC), completion_mask_BC=cut(state.mask_BC),
+        lengths_B=cut(state.lengths_B), logprobs_BC=cut(state.logprobs_BC),
+        program_calls=calls,
         steps_run=steps_run, num_prompts=n, num_samples=G)

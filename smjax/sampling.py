@@ -1,6 +1,7 @@
 """Token choice for the sampler: top-k / top-p filtering and inverse-CDF draws over the vocabulary.
 
-Legend: B rows, V vocab, N blocks of the vocabulary, b tokens per block.
+Legend (DESIGN.md §4): B rows, V vocab; the two-level cdf names its vocabulary blocks in words
+(`_Bblocks`: one value per block, `_Bblock`: one per token of a block).
 """
 
 from __future__ import annotations
@@ -41,19 +42,19 @@ def inverse_cdf(u_B, scaled_BV):
   blk = 1 << max(0, math.ceil(math.log2(math.sqrt(V))))
   nb = -(-V // blk)
   w_BV = jnp.exp(scaled_BV - jnp.max(scaled_BV, axis=-1, keepdims=True))
-  w_BNb = jnp.pad(w_BV, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
-  bsum_BN = jnp.sum(w_BNb, axis=-1)
-  bcum_BN = jnp.cumsum(bsum_BN, axis=-1)
-  target_B = u_B * bcum_BN[:, -1]
-  last_blk_B = jnp.max(jnp.where(bsum_BN > 0, jnp.arange(nb), 0), axis=-1)
-  j_B = jnp.minimum(jnp.sum(bcum_BN <= target_B[:, None], axis=-1), last_blk_B)
-  pick = lambda x_BN: jnp.take_along_axis(x_BN, j_B[:, None], axis=1)[:, 0]
-  w_Bb = jnp.take_along_axis(w_BNb, j_B[:, None, None], axis=1)[:, 0]
-  cdf_Bb = (pick(bcum_BN) - pick(bsum_BN))[:, None] + jnp.cumsum(w_Bb, axis=-1)
-  pos_Bb = w_Bb > 0
-  first_B = jnp.argmax(pos_Bb, axis=-1)
-  last_B = blk - 1 - jnp.argmax(pos_Bb[:, ::-1], axis=-1)
-  i_B = jnp.clip(jnp.sum(cdf_Bb <= target_B[:, None], axis=-1), first_B, last_B)
+  w_Bblocks_block = jnp.pad(w_BV, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
+  bsum_Bblocks = jnp.sum(w_Bblocks_block, axis=-1)
+  bcum_Bblocks = jnp.cumsum(bsum_Bblocks, axis=-1)
+  target_B = u_B * bcum_Bblocks[:, -1]
+  last_blk_B = jnp.max(jnp.where(bsum_Bblocks > 0, jnp.arange(nb), 0), axis=-1)
+  j_B = jnp.minimum(jnp.sum(bcum_Bblocks <= target_B[:, None], axis=-1), last_blk_B)
+  pick = lambda x_Bblocks: jnp.take_along_axis(x_Bblocks, j_B[:, None], axis=1)[:, 0]
+  w_Bblock = jnp.take_along_axis(w_Bblocks_block, j_B[:, None, None], axis=1)[:, 0]
+  cdf_Bblock = (pick(bcum_Bblocks) - pick(bsum_Bblocks))[:, None] + jnp.cumsum(w_Bblock, axis=-1)
+  pos_Bblock = w_Bblock > 0
+  first_B = jnp.argmax(pos_Bblock, axis=-1)
+  last_B = blk - 1 - jnp.argmax(pos_Bblock[:, ::-1], axis=-1)
+  i_B = jnp.clip(jnp.sum(cdf_Bblock <= target_B[:, None], axis=-1), first_B, last_B)
   return (j_B * blk + i_B).astype(jnp.int32)
 
 

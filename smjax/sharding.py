@@ -127,12 +127,6 @@ def shard_batch(batch, mesh):
                                                if np.ndim(x) else replicated(mesh)), batch)
 
 
-def shardings_of(tree):
-  """The shardings a (sharded-initialised) tree of arrays actually has: the in/out shardings of a
-  jitted step are read off the state it was created with, so optimiser states follow their params."""
-  return jax.tree.map(lambda x: x.sharding, tree)
-
-
 def describe(params, shardings) -> str:
   """A human-readable table: parameter path, shape, PartitionSpec."""
   rows = []

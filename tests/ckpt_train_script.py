@@ -35,7 +35,8 @@ from smjax.models.presets import get_preset
 from smjax.models.tokenizer import CharTokenizer
 from smjax.models.transformer import Transformer
 from smjax.train import state as state_lib
-from smjax.train.steps import SequenceBatch, jit_step, make_sft_step
+from smjax.batch import SequenceBatch
+from smjax.train.steps import jit_step, make_sft_step
 
 
 def parse_args(argv=None):

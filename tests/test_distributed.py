@@ -54,6 +54,7 @@ def _worker(out_dir: str) -> None:
   from smjax import sharding as shd
   from smjax.models.presets import get_preset
   from smjax.models.transformer import Transformer, init_params
+  from smjax.batch import SequenceBatch
   from smjax.train import steps as st
   from smjax.train.state import OptimizerConfig, create_state, make_optimizer
 
@@ -72,7 +73,7 @@ def _worker(out_dir: str) -> None:
     ref_state = create_state(jax.jit(lambda k: init_params(cfg, k))(key), tx)
     init = jax.tree.map(np.asarray, ref_state.params)  # the step donates ref_state
     ref_new, ref_metrics = st.jit_step(step_def)(
-        ref_state, st.SequenceBatch(**{k: jnp.asarray(v) for k, v in raw.items()}))
+        ref_state, SequenceBatch(**{k: jnp.asarray(v) for k, v in raw.items()}))
   ref_params = jax.tree.map(np.asarray, ref_new.params)
 
   # Sharded over both processes; each passes only its own rows.
@@ -87,7 +88,7 @@ def _worker(out_dir: str) -> None:
   assert len(rows) == distributed.per_process_batch_size(B)
   mine = {k: v[rows] for k, v in raw.items()}
   result["grain_groups"] = groups
-  batch = shd.shard_host_batch(st.SequenceBatch(**mine), mesh)
+  batch = shd.shard_host_batch(SequenceBatch(**mine), mesh)
   jitted = st.jit_step(step_def, state_shardings=shards,
                        batch_sharding=shd.batch_shardings(batch, mesh))
   new_state, metrics = jitted(state, batch)

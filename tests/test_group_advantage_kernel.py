@@ -1,13 +1,17 @@
-"""Tests for kernels/group_advantage.py: the fused GRPO kernel against its pure-jnp reference.
+"""Tests for kernels/group_advantage.py: the fused GRPO kernel against its pure-jnp reference and
+against smjax.rl.grpo's XLA path, forward (loss and every metric) and gradient.
 
-On CPU the kernel runs in Pallas interpret mode (INTERPRET); forward loss, every metric and the
-gradient are compared over a product of shapes and block sizes (including sizes the blocks do not
-divide). TPU (Mosaic) and GPU (Triton) lowering is checked by lowering for those platforms on CPU.
+The reference (`grpo_loss_fused_reference`) shares no code with the kernel or smjax.rl.grpo, and
+is itself checked against a case computed by hand. On CPU the kernel runs in Pallas interpret mode
+(INTERPRET) over a product of shapes and block sizes (including sizes the blocks do not divide).
+TPU (Mosaic) and GPU (Triton) lowering is checked by lowering for those platforms on CPU. Which of
+them a step runs is tests/test_dispatch.py's.
 
-Legend: B batch rows, G group size, T time.
+Legend (DESIGN.md §4): B rows, G group size, T target positions.
 """
 
 import functools
+import math
 import re
 
 import jax
@@ -31,22 +35,30 @@ def _batch(seed, b, t, g):
   lengths[1] = 0
   mask = np.arange(t)[None, :] < lengths[:, None]
   logp[~mask], old[~mask], ref[~mask] = -np.inf, np.nan, np.nan
-  rewards = rng.integers(0, 3, b).astype(np.float32)
+  # Continuous rewards: no row of a varied group has an advantage of exactly 0, where the clip
+  # metrics' A < 0 / A > 0 would hang on rounding (the constant group's advantage is exactly 0).
+  rewards = rng.uniform(0, 2, b).astype(np.float32)
   rewards[-g:] = 0.5
   return tuple(map(jnp.asarray, (logp, old, ref, rewards, mask)))
 
 
-@functools.partial(jax.jit, static_argnames=("kw_items", "block_sizes", "fused"))
+@functools.partial(jax.jit, static_argnames=("kw_items", "block_sizes", "which"))
 def _loss_and_grad(logp, old, ref, rewards, mask, num_valid_tokens, num_sequences, *, kw_items,
-                   block_sizes, fused):
+                   block_sizes, which):
   kw = dict(kw_items)
 
   def f(lp):
-    if fused:
+    if which == "fused":
       return ga.grpo_loss_fused(lp, old, ref, rewards, mask, num_valid_tokens, num_sequences,
                                 block_sizes=block_sizes, interpret=INTERPRET, **kw)
-    return ga.grpo_loss_fused_reference(lp, old, ref, rewards, mask, num_valid_tokens,
-                                        num_sequences, **kw)
+    if which == "reference":
+      return ga.grpo_loss_fused_reference(lp, old, ref, rewards, mask, num_valid_tokens,
+                                          num_sequences, **kw)
+    norms = dict(num_valid_tokens=num_valid_tokens, num_sequences=num_sequences)
+    if kw["advantage_mode"] == "precomputed":  # smjax.rl.grpo's XLA path, from advantages
+      loss_kw = {k: v for k, v in kw.items() if k not in ("group_size", "advantage_mode")}
+      return grpo.grpo_loss(lp, old, ref, rewards, mask, **norms, **loss_kw)
+    return grpo.grpo_loss_from_rewards(lp, old, ref, rewards, mask, **norms, **kw)
 
   return jax.value_and_grad(f, has_aux=True)(logp)
 
@@ -56,18 +68,94 @@ def _check_against_reference(batch, kw, block_sizes, normalisers=(None, None)):
   args = (logp, old, ref, rewards, mask) + tuple(normalisers)
   kw_items = tuple(sorted(kw.items()))
   (loss, aux), grad = _loss_and_grad(*args, kw_items=kw_items, block_sizes=block_sizes,
-                                     fused=True)
-  (loss_r, aux_r), grad_r = _loss_and_grad(*args, kw_items=kw_items, block_sizes=None,
-                                           fused=False)
-  np.testing.assert_allclose(loss, loss_r, rtol=1e-5, atol=1e-7)
-  assert aux.keys() == aux_r.keys()
-  for k in aux:
-    np.testing.assert_allclose(aux[k], aux_r[k], rtol=1e-5, atol=1e-6, err_msg=k)
-  grad, grad_r = np.asarray(grad), np.asarray(grad_r)
+                                     which="fused")
+  grad = np.asarray(grad)
   assert grad.shape == logp.shape and np.all(np.isfinite(grad))
-  np.testing.assert_allclose(grad, grad_r, rtol=1e-5, atol=1e-7)
   assert np.all(grad[~np.asarray(mask)] == 0.0) and np.any(grad != 0.0)
-  return loss, aux
+  for which in ("reference", "xla"):
+    (loss_r, aux_r), grad_r = _loss_and_grad(*args, kw_items=kw_items, block_sizes=None,
+                                             which=which)
+    np.testing.assert_allclose(loss, loss_r, rtol=1e-5, atol=1e-7, err_msg=which)
+    assert aux.keys() == aux_r.keys(), which
+    for k in aux:
+      np.testing.assert_allclose(aux[k], aux_r[k], rtol=1e-5, atol=1e-6, err_msg=f"{which} {k}")
+    np.testing.assert_allclose(grad, np.asarray(grad_r), rtol=1e-5, atol=1e-7, err_msg=which)
+
+
+# --------------------------------------------------------------------------- the reference by hand
+
+# Two groups of G = 2 over T = 2, every log-prob -1 where valid. Group 0 has rewards (1, 0), so
+# A = +a on row 0 and -a on row 1 with a = 0.5 / (sqrt(0.5) + eps) (grpo: the unbiased std of
+# (1, 0) is sqrt(0.5)), 0.5 (drgrpo) or 1 (rloo: 1 - 0). Group 1 is constant (A = 0 exactly): row 2
+# has one valid token, row 3 none; masked entries hold garbage.
+# Ratios exp(logp - old): row 0 exp(0.1) (inside [0.8, 1.28]) and exp(0.5) > 1.28 with A > 0
+# (clipped: -1.28 A); row 1 exp(-0.5) < 0.8 with A < 0 (clipped: -0.8 A) and 1.
+# ref - logp = d: -0.2 on row 0, 0 on row 1, 0.3 on row 2.
+_NAN, _INF = float("nan"), float("inf")
+HAND = dict(
+    logp=[[-1.0, -1.0], [-1.0, -1.0], [-1.0, -_INF], [-_INF, -_INF]],
+    old=[[-1.1, -1.5], [-0.5, -1.0], [-1.0, _NAN], [_NAN, _NAN]],
+    ref=[[-1.2, -1.2], [-1.0, -1.0], [-0.7, _NAN], [_NAN, _NAN]],
+    mask=[[1, 1], [1, 1], [1, 0], [0, 0]],
+    rewards=[1.0, 0.0, 0.5, 0.5],
+)
+HAND_A = {"grpo": 0.5 / (math.sqrt(0.5) + 1e-6), "drgrpo": 0.5, "rloo": 1.0}
+
+
+def _hand_expectations(a, *, beta, kl_estimator, aggregation, max_len):
+  """Loss, d loss / d logp [4, 2] and the metrics of HAND, token by token from DESIGN.md §5."""
+  d = [-0.2, -0.2, 0.0, 0.0, 0.3]  # the five valid tokens, row-major
+  pg = [-math.exp(0.1) * a, -1.28 * a, -0.8 * -a, -1.0 * -a, 0.0]
+  # d pg / d logp = -A rho where unclipped, 0 where clipped; d k3 / d logp = 1 - exp(d), k1: 1
+  dpg = [-a * math.exp(0.1), 0.0, 0.0, a, 0.0]
+  if kl_estimator == "k3":
+    kl = [math.exp(x) - x - 1 for x in d]
+    dkl = [1 - math.exp(x) for x in d]
+  else:
+    kl, dkl = [-x for x in d], [1.0] * 5
+  rows = [0, 0, 1, 1, 2]
+  if aggregation == "token_mean":
+    w = [1 / 5] * 5
+  elif aggregation == "seq_mean_token_mean":  # 3 non-empty rows of 2, 2 and 1 tokens
+    w = [1 / (2 * 3)] * 4 + [1 / 3]
+  else:
+    w = [1 / (max_len * 3)] * 5
+  agg = lambda xs: sum(wi * x for wi, x in zip(w, xs))  # noqa: E731
+  grad = np.zeros((4, 2))
+  for i, (wi, g, gk) in enumerate(zip(w, dpg, dkl)):
+    grad[rows[i], [0, 1, 0, 1, 0][i]] = wi * (g + beta * gk)
+  ratios = [math.exp(0.1), math.exp(0.5), math.exp(-0.5), 1.0, 1.0]
+  aux = {"pg_loss": agg(pg), "kl_loss": agg(kl), "kl_mean": sum(kl) / 5,
+         "clip_frac_low": 1 / 5, "clip_frac_high": 1 / 5, "clip_frac": 2 / 5,
+         "ratio_mean": sum(ratios) / 5, "ratio_max": math.exp(0.5), "ratio_min": math.exp(-0.5),
+         "num_valid_tokens": 5.0, "num_sequences": 3.0,
+         "advantage_mean": 0.0, "advantage_std": a / math.sqrt(2)}  # over (a, -a, 0, 0)
+  return agg(pg) + beta * agg(kl), grad, aux
+
+
+@pytest.mark.parametrize("mode", sorted(HAND_A))
+def test_reference_matches_a_hand_computed_case(mode):
+  h = {k: jnp.asarray(v, jnp.float32) for k, v in HAND.items()}
+  mask = h["mask"] > 0
+  for aggregation, kl_estimator, beta in (("token_mean", "k3", 0.5),
+                                           ("seq_mean_token_mean", "k1", 0.1),
+                                           ("seq_mean_token_sum_norm", "k3", 0.0)):
+    kw = dict(group_size=2, advantage_mode=mode, eps_low=0.2, eps_high=0.28, beta=beta,
+              kl_estimator=kl_estimator, aggregation=aggregation, max_len=4)
+    f = lambda lp: ga.grpo_loss_fused_reference(  # noqa: E731
+        lp, h["old"], h["ref"], h["rewards"], mask, **kw)
+    (loss, aux), grad = jax.value_and_grad(f, has_aux=True)(h["logp"])
+    want_loss, want_grad, want_aux = _hand_expectations(
+        HAND_A[mode], beta=beta, kl_estimator=kl_estimator, aggregation=aggregation, max_len=4)
+    where = f"{mode} {aggregation} {kl_estimator}"
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, err_msg=where)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7, err_msg=where)
+    assert aux.keys() == want_aux.keys()
+    for k, v in want_aux.items():
+      np.testing.assert_allclose(aux[k], v, rtol=1e-5, atol=1e-7, err_msg=f"{where} {k}")
+
+
+# --------------------------------------------------------------------------- kernel vs both
 
 
 SHAPES = [(6, 10, 3), (8, 16, 4)]  # (B, T, G); G=3 is padded to 4 lanes inside the kernel
@@ -89,6 +177,8 @@ MODES = [
          normalisers=(40.0, 9.0)),
     dict(advantage_mode="rloo", aggregation="seq_mean_token_sum_norm", kl_estimator="k3",
          beta=0.0, max_len=12, no_ref=True),
+    # rewards_B taken as the advantages (grpo.grpo_loss's contract)
+    dict(advantage_mode="precomputed", aggregation="token_mean", kl_estimator="k3", beta=0.05),
 ]
 
 
@@ -103,30 +193,6 @@ def test_fused_modes_match_reference(mode):
   kw = dict(group_size=3, eps_low=0.2, eps_high=0.2, **mode)
   _check_against_reference((logp, old, ref, rewards, mask), kw,
                            ga.BlockSizes(block_b=8, block_t=8), normalisers)
-
-
-def test_grpo_py_routes_to_kernel():
-  logp, old, ref, rewards, mask = _batch(3, 6, 10, 3)
-  adv = grpo.group_advantages(rewards, group_size=3, mode="grpo")
-  # beta=0 with ref given: KL is reported but carries no gradient (the backward skips ref).
-  kw = dict(eps_low=0.2, eps_high=0.28, beta=0.0, kl_estimator="k3", aggregation="token_mean")
-
-  @functools.partial(jax.jit, static_argnames="impl")
-  def run(lp, impl):  # both grpo.py entries, each through value_and_grad
-    from_adv = lambda x: grpo.grpo_loss(x, old, ref, adv, mask, impl=impl, **kw)
-    from_rewards = lambda x: grpo.grpo_loss_from_rewards(
-        x, old, ref, rewards, mask, group_size=3, advantage_mode="grpo", impl=impl, **kw)
-    return [jax.value_and_grad(f, has_aux=True)(lp) for f in (from_adv, from_rewards)]
-
-  for ((loss_p, aux_p), grad_p), ((loss_x, aux_x), grad_x) in zip(run(logp, "pallas"),
-                                                                  run(logp, "xla")):
-    np.testing.assert_allclose(loss_p, loss_x, rtol=1e-5)
-    for k in ("clip_frac", "kl_mean", "ratio_max", "advantage_std"):
-      np.testing.assert_allclose(aux_p[k], aux_x[k], rtol=1e-5, err_msg=k)
-    assert float(aux_p["kl_mean"]) > 0.0
-    np.testing.assert_allclose(grad_p, grad_x, rtol=1e-5, atol=1e-7)
-  assert ga.resolve_impl("auto") == "xla"  # CPU: auto keeps the jnp path
-  assert ga.resolve_impl("pallas") == "pallas"
 
 
 def test_bad_inputs():
@@ -151,8 +217,6 @@ def test_bad_inputs():
   for override, match in cases:
     with pytest.raises(ValueError, match=match):
       call(**override)
-  with pytest.raises(ValueError, match="impl='triton'"):
-    ga.resolve_impl("triton")
 
 
 @pytest.mark.parametrize("backend,platform,custom_call", [

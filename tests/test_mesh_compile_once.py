@@ -1,8 +1,8 @@
 """On a mesh, a study's train step compiles once; a too-long rl.max_new_tokens fails at start-up.
 
 Compile once: a subprocess with 8 fake CPU devices (XLA_FLAGS set before jax starts) builds the
-study's `SeedContext` on an (fsdp=4, tensor=2) mesh and runs its jitted GRPO step three times on a
-fresh state made the way `_rl_phase` makes it (`ctx.new_state`). It records the step's compiles
+study's shared record (`smjax.study.shared.seed_shared`) on an (fsdp=4, tensor=2) mesh and runs its
+jitted GRPO step three times on a fresh state made the way `rl_phase` makes it (`new_state`). It records the step's compiles
 (jax.monitoring's backend-compile events and the jitted function's cache size) and every state
 leaf's PartitionSpec before step 1 and after step 3. Before the fix the state was created without
 shardings: XLA made Adam's moments replicated, the step returned them (and the 1-D norm scales)
@@ -11,7 +11,7 @@ leaves its sharding unspecified (`jit_step(batch_sharding=None)`): were jax to r
 "replicated", the call would be refused. A second subprocess runs the same three steps on one
 device; losses and parameters must agree, so the shardings did not change the numbers.
 
-Fail fast: `SeedContext` refuses an `rl.max_new_tokens` that does not fit the longest held-out
+Fail fast: `seed_shared` refuses an `rl.max_new_tokens` that does not fit the longest held-out
 prompt into the model's (or the external teacher's) max_seq_len, before anything is compiled or
 trained. The expected limits are computed here from the prompts' characters (the char tokenizer
 gives one id per character, plus BOS).
@@ -34,7 +34,7 @@ MESH = dict(data=1, fsdp=4, tensor=2)
 
 
 def _config(**rl):
-  from smjax.study_config import study_defaults
+  from smjax.study.config import study_defaults
   c = study_defaults()
   c.heldout_size = 4
   c.rl.samples_per_prompt, c.rl.max_new_tokens = G, T
@@ -48,7 +48,7 @@ def _config(**rl):
 def _batch(seed: int):
   """A left-padded GRPO batch (numpy) whose completions fill the last T target columns; the G rows
   of a group share their prompt (the study's step runs it once per group: rl.shared_prompt)."""
-  from smjax.train.steps import SequenceBatch
+  from smjax.batch import Layout, SequenceBatch, check_layout
   rng = np.random.default_rng(seed)
   S, V = P + T, 128
   pads = np.repeat(rng.integers(0, 4, B // G), G)
@@ -63,19 +63,19 @@ def _batch(seed: int):
   old = np.where(loss_mask, -np.log(V) + 0.1 * rng.standard_normal((B, S - 1)), 0.0)
   rewards = rng.integers(0, 2, B).astype(np.float32)
   rewards[::G] = 1.0 - rewards[1::G]                # every group has signal
-  return SequenceBatch(tokens_BS=tokens, positions_BS=positions, attn_mask_BS=attn,
-                       loss_mask_BT=loss_mask, old_logp_BT=old.astype(np.float32),
-                       rewards_B=rewards)
+  batch = SequenceBatch(tokens_BS=tokens, positions_BS=positions, attn_mask_BS=attn,
+                        loss_mask_BT=loss_mask, old_logp_BT=old.astype(np.float32),
+                        rewards_B=rewards, layout=Layout(completion_len=T, rows_per_prompt=G))
+  check_layout(batch)
+  return batch
 
 
 def _worker(out_path: str, mesh: dict) -> None:
-  import tempfile
-
   import jax
   import jax.numpy as jnp
 
-  from smjax import seed_context
   from smjax import sharding as shd
+  from smjax.study.shared import seed_shared, state_shardings
 
   compiles = []
   jax.monitoring.register_event_duration_secs_listener(
@@ -84,17 +84,18 @@ def _worker(out_path: str, mesh: dict) -> None:
   config = _config()
   for axis, size in mesh.items():
     config.mesh[axis] = size
-  ctx = seed_context.SeedContext(config, 0, tempfile.mkdtemp())
+  ctx = seed_shared(config, 0)
   specs = lambda tree: {k: _spec(x.sharding) if ctx.mesh else None
                         for k, x in _by_path(tree).items()}
   # The base phase's starting point: on the mesh created sharded by its logical axes.
   params = ctx.initial_params()
-  state = ctx.new_state(jax.tree.map(jnp.copy, params), ctx.rl_tx)   # as _rl_phase does
+  state = ctx.new_state(jax.tree.map(jnp.copy, params), ctx.rl_tx)   # as rl_phase does
   info = {"devices": jax.device_count(), "specs_before": specs(state), "losses": [],
           "grad_norms": [], "cache_sizes": []}
   if ctx.mesh is not None:
     info["specs_expected"] = {k: _spec(s) for k, s in
-                              _by_path(ctx.state_shardings(ctx.rl_tx)).items()}
+                              _by_path(state_shardings(ctx.mesh, ctx.rl_tx,
+                                                       ctx.model_cfg)).items()}
   batches = [jax.tree.map(jnp.asarray, _batch(i)) for i in range(STEPS)]
   if ctx.mesh is not None:   # rows split over the batch axes, as the sampler's outputs are
     batches = [shd.shard_batch(b, ctx.mesh) for b in batches]
@@ -198,35 +199,35 @@ def _longest_heldout_prompt(config) -> int:
       d, difficulty=config.difficulty).generate("test", config.heldout_size, seed=10_000))
 
 
-def test_too_long_max_new_tokens_fails_at_startup(tmp_path):
-  from smjax import seed_context
+def test_too_long_max_new_tokens_fails_at_startup():
+  from smjax.study.shared import seed_shared
   c = _config()
   c.phases = ("base", "joint")
   longest = _longest_heldout_prompt(c)
   fits = 64 - longest            # toy-tiny's max_seq_len is 64
   c.rl.max_new_tokens = fits
-  seed_context.SeedContext(c, 0, str(tmp_path))       # the largest that fits is accepted
+  seed_shared(c, 0)       # the largest that fits is accepted
   c.rl.max_new_tokens = fits + 1
   with pytest.raises(ValueError) as e:
-    seed_context.SeedContext(c, 0, str(tmp_path))
+    seed_shared(c, 0)
   msg = str(e.value)
   assert f"config.rl.max_new_tokens={fits + 1}" in msg, msg
   assert "max_seq_len=64" in msg and f"has {longest} tokens" in msg, msg
   assert f"config.rl.max_new_tokens <= {fits}" in msg, msg
 
 
-def test_too_long_for_the_external_teacher_fails_at_startup(tmp_path):
-  from smjax import seed_context
+def test_too_long_for_the_external_teacher_fails_at_startup():
+  from smjax.study.shared import seed_shared
   c = _config()
   c.phases = ("base", "external")
   c.model.max_seq_len = 256      # the student fits; the teacher (toy-small: 96) samples T + 16
   longest = _longest_heldout_prompt(c)
   fits = 96 - longest - 16
   c.rl.max_new_tokens = fits
-  seed_context.SeedContext(c, 0, str(tmp_path))
+  seed_shared(c, 0)
   c.rl.max_new_tokens = fits + 1
   with pytest.raises(ValueError) as e:
-    seed_context.SeedContext(c, 0, str(tmp_path))
+    seed_shared(c, 0)
   msg = str(e.value)
   assert f"config.rl.max_new_tokens={fits + 1}" in msg, msg
   assert "config.external.teacher_preset='toy-small'" in msg and "max_seq_len=96" in msg, msg

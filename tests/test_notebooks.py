@@ -67,8 +67,7 @@ async def _execute(name, tmp, slots) -> Executed:
   cwd.mkdir()
   env = dict(os.environ, SMJAX_NOTEBOOK_SMALL="1", SMJAX_NOTEBOOK_WORKDIR=str(workdir),
              JAX_PLATFORMS="cpu")
-  for var in ("XLA_FLAGS", "SMJAX_REPO"):
-    env.pop(var, None)
+  env.pop("SMJAX_REPO", None)   # XLA_FLAGS: the suite's fast-compile flags (conftest.py)
   async with slots:
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                             resources={"metadata": {"path": str(cwd)}})

@@ -2,11 +2,14 @@
 each OPD objective's loss, gradient and metrics, the aggregations and micro-batch normalisers,
 token log-probs, and the errors for bad input."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from smjax.kernels import dispatch
 from smjax.rl import opd
 from smjax.rl.logprobs import token_logprobs
 
@@ -152,13 +155,16 @@ def test_sampled_on_policy_hand_computed():
   assert float(aux["ratio_mean"]) == 1.0 and float(aux["clip_frac"]) == 0.0
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas"])
+@pytest.mark.parametrize("impl", ["jnp", "xla", "pallas"])
 def test_full_vocab_matches_numpy_and_reference_autodiff(data, impl):
   s, t, tok, mask = data["s"], data["t"], data["tokens"], data["mask"]
   kl_np, dkl_np = np_kl_and_grad(s, t)
+  # "jnp": opd's own full_vocab_kl; else the kernel dispatch the train step passes in.
+  reverse_kl = None if impl == "jnp" else functools.partial(dispatch.reverse_kl, impl=impl,
+                                                            chunk_tokens=4)
   (loss, aux), g = _loss_and_grad("full_vocab", "student_logits_BTV", student_logits_BTV=s,
-                                  teacher_logits_BTV=t, tokens_BT=tok, mask_BT=mask, impl=impl,
-                                  chunk_tokens=4)
+                                  teacher_logits_BTV=t, tokens_BT=tok, mask_BT=mask,
+                                  reverse_kl=reverse_kl)
   np.testing.assert_allclose(loss, np_aggregate(kl_np, MASK, "token_mean"), rtol=1e-5)
   np.testing.assert_allclose(aux["reverse_kl"], np_aggregate(kl_np, MASK, "token_mean"),
                              rtol=1e-5)
@@ -243,6 +249,8 @@ def test_opd_loss_seq_mean_token_mean_matches_numpy(data):
     ("full_vocab", dict(mask_BT=jnp.ones((B, T + 1)), tokens_BT=None), "student_logits_BTV shape"),
     ("full_vocab", dict(mask_BT=jnp.ones((B * T,))), "2-D"),
     ("full_vocab", dict(aggregation="sum"), "aggregation"),
+    ("full_vocab", dict(reverse_kl="xla"), "reverse_kl='xla' must be None or a callable"),
+    ("top_k", dict(reverse_kl=lambda s, t: jnp.zeros(s.shape[:1])), "reverse_kl returned shape"),
 ])
 def test_bad_input_raises_clear_errors(data, objective, kw, match):
   args = dict(student_logits_BTV=data["s"], teacher_logits_BTV=data["t"],

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from smjax.report import ArmResult, build_report, curve_series, format_table, write_report
+from smjax.study.report import ArmResult, build_report, curve_series, format_table, write_report
 
 
 def _curve(points):
@@ -107,7 +107,7 @@ def test_target_is_per_seed_base_plus_fraction_of_reference_gain():
 
 
 def _recovery_arms(seed=0):
-  """The self-teacher arms as experiment.py stores them: `degrade` evaluated on both domains (its
+  """The self-teacher arms as smjax.study.run stores them: `degrade` evaluated on both domains (its
   mean differs from its math accuracy), recover_* on the recovered domain (math) alone."""
   degrade = ArmResult("degrade", seed, [
       {"flops": 0.0, "accuracy": {"math": .60, "code": .40}, "mean": .50,

@@ -58,7 +58,7 @@ CASES = [  # (impl, platform, block_sizes, chunk_tokens, shape)
     ("pallas", "gpu", rk.BlockSizes(4, 64), None, (13, 300)),
     ("pallas", "gpu", rk.BlockSizes(8, 128), None, (2, 5, 256)),
     ("xla", None, None, 4, (13, 300)),  # 4 chunks, the last one shifted back
-    ("auto", None, None, None, (2, 5, 256)),  # CPU: the xla path, one chunk
+    ("xla", None, None, None, (2, 5, 256)),  # the default chunk: one chunk
 ]
 
 
@@ -184,12 +184,11 @@ def test_block_sizes_are_frozen_with_valid_defaults():
     rk._fit_blocks(bs, 10_000, 151_936, platform)  # legal on its platform (no raise)
 
 
-def test_auto_uses_the_chunked_xla_path_on_cpu():
+def test_default_is_the_kernel_and_auto_is_left_to_dispatch():
   spec = jax.ShapeDtypeStruct((4, 3, 150), jnp.float32)
-  auto = str(jax.make_jaxpr(lambda s, t: rk.reverse_kl(s, t))(spec, spec))
-  assert "pallas_call" not in auto  # the chunk loop, not an interpreted kernel
-  pallas = str(jax.make_jaxpr(lambda s, t: rk.reverse_kl(s, t, impl="pallas"))(spec, spec))
-  assert "pallas_call" in pallas
+  assert "pallas_call" in str(jax.make_jaxpr(lambda s, t: rk.reverse_kl(s, t))(spec, spec))
+  with pytest.raises(ValueError, match="smjax.kernels.dispatch.reverse_kl resolves 'auto'"):
+    rk.reverse_kl(jnp.zeros((2, 5)), jnp.zeros((2, 5)), impl="auto")
 
 
 def test_empty_token_axis():

@@ -7,7 +7,7 @@ to an .npz; the tests compare them here. The three steps (GRPO, OPD sampled, OPD
 impl="xla") are jitted together by `jit_step` as one program per mesh, with the state and batch
 shardings of smjax.sharding, which cuts the compiles from 12 to 4. The model is toy-tiny's shape with one layer: its dims
 (d_model 64, 4 heads, d_ff 256, vocab 128) divide every mesh axis, so the parameters really are
-split, which the tests also check. The same subprocess checks smjax.sharded_kernels: the Pallas
+split, which the tests also check. The same subprocess checks smjax.kernels.dispatch: the Pallas
 GRPO and reverse-KL kernels (interpreted) under jax.shard_map equal the XLA path on one device.
 """
 
@@ -59,11 +59,11 @@ def _flat(tree):
 
 def _kernel_losses(arrays, *, impl, mesh):
   """GRPO loss, metrics and d loss / d logp, and sum(KL^2) and its gradient, through
-  smjax.sharded_kernels (the functions a sharded step calls)."""
+  smjax.kernels.dispatch (the functions a sharded step calls)."""
   import jax
   import jax.numpy as jnp
 
-  from smjax import sharded_kernels as sk
+  from smjax.kernels import dispatch as sk
 
   def grpo_loss(logp):
     return sk.grpo_loss_from_rewards(
@@ -90,6 +90,7 @@ def _worker(out_path: str) -> None:
   from smjax import sharding as shd
   from smjax.models.presets import get_preset
   from smjax.models.transformer import Transformer, init_params
+  from smjax.batch import SequenceBatch
   from smjax.train import steps as st
   from smjax.train.state import OptimizerConfig, create_state, make_optimizer
 
@@ -110,7 +111,7 @@ def _worker(out_path: str) -> None:
                                                                  impl="xla")),
   }
   base = ("tokens_BS", "positions_BS", "attn_mask_BS", "loss_mask_BT")
-  batches = {k: st.SequenceBatch(**{f: raw[f] for f in base + fields[k]}) for k in step_defs}
+  batches = {k: SequenceBatch(**{f: raw[f] for f in base + fields[k]}) for k in step_defs}
 
   # The three steps as one program (one compile per mesh instead of three), jitted by jit_step
   # exactly as a single step is: donated state, in/out shardings = state and batch shardings.
@@ -166,7 +167,7 @@ def _worker(out_path: str) -> None:
       out[f"{mesh_name}/{k}/params"] = _flat(new_states[k].params)
       info[mesh_name][k] = {
           "batch_specs": {f: list(v.sharding.spec) for f, v in vars(sharded_batches[k]).items()
-                          if v is not None},
+                          if isinstance(v, jax.Array)},   # not None fields, not the layout
           "out_state_same_shardings": all(a.sharding == s for a, s in zip(
               jax.tree.leaves(new_states[k]), jax.tree.leaves(state_shards))),
       }
@@ -237,7 +238,7 @@ def test_pallas_kernels_under_shard_map_equal_xla_on_one_device(results):
     (8, 4, dict(fsdp=2, tensor=4), True),             # "tensor" does not split rows
 ])
 def test_grpo_kernel_plan(rows, group, shape, ok):
-  from smjax.sharded_kernels import grpo_kernel_plan
+  from smjax.kernels.dispatch import grpo_kernel_plan
   got, why = grpo_kernel_plan(rows, group, shape)
   assert got is ok and (why == "") is ok, why
 

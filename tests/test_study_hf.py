@@ -102,7 +102,8 @@ def _main(hf_path, data_files, workdir, cache, *overrides, timeout=600):
   env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8")   # the config's fsdp=8 mesh
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "")   # the suite's (conftest.py), and
+             + " --xla_force_host_platform_device_count=8")   # the config's fsdp=8 mesh
   return subprocess.run(
       [sys.executable, "-m", "smjax.main", f"--config=configs/qwen25_1p5b_v5e8.py:{arg}",
        *TINY, *overrides, f"--workdir={workdir}"],

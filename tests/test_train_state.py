@@ -1,4 +1,4 @@
-"""The optimiser and the update the steps apply (smjax.train.state, smjax.train.steps._make_step).
+"""The optimiser and the update the steps apply (smjax.train.state, smjax.train.steps.train_step).
 
 Reference: optax itself. smjax's global-norm clip is optax's arithmetic with the norm optionally
 handed in by the step; a finite step is exactly optax's chain (clip, AdamW) applied to the
@@ -16,7 +16,7 @@ import pytest
 from smjax.models.transformer import Transformer, init_params
 from smjax.train import state as state_lib
 from smjax.train import steps as st
-from test_shared_prompt import CFGS, G, grouped_batch
+from batches import CFGS, G, grouped_batch
 
 _tree = {"a": jnp.asarray([3.0, -4.0, 1e-3]), "b": jnp.asarray([[0.5, 2.0], [-1.0, 0.25]])}
 
@@ -53,7 +53,7 @@ def test_finite_step_is_optax_chain_and_non_finite_step_changes_nothing():
   assert float(metrics["finite"]) == 1 and int(new.step) == 1
   # The same update by optax's own clip and AdamW on the gradient of the step's loss.
   # (Jitted: op by op these references took about half of this test's time.)
-  grads = jax.jit(jax.grad(lambda p: sd.loss_fn(p, batch, st._counts(batch))[0]))(params)
+  grads = jax.jit(jax.grad(lambda p: sd.loss_fn(p, batch, st.token_counts(batch))[0]))(params)
   assert float(optax.tree.norm(grads)) > opt.clip_norm   # the clip acts
   ref_tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm),
                        optax.adamw(opt.learning_rate, b1=opt.b1, b2=opt.b2, eps=opt.eps,

@@ -2,11 +2,11 @@
 attention over a packed token stream.
 
 Packed rows (`Transformer(..., packed=PackedRows(...))`, no cache): the tokens come as one stream
-[1, L]: first Bp prompts of P columns (left-padded, each one's own causal attention), then only
-the slots that matter of B = Bp x r rows of C completion columns, row b continuing prompt b // r
-(smjax.train.scoring packs a batch's completions without their padding, each prompt once for its r
-rows). Every per-token op (projections, MLP, norms, LM head) runs on the L stream tokens as one
-product; attention alone moves the completion's queries, keys and values to the [B, C] row layout
+[1, T]: first the prompts (B / r of them, P columns each, left-padded, each one's own causal
+attention), then only the slots that matter of B rows of C completion columns, row b continuing
+prompt b // r (smjax.batch packs a batch's completions without their padding, each prompt once for
+its r rows). Every per-token op (projections, MLP, norms, LM head) runs on the T stream tokens as
+one product; attention alone moves the completion's queries, keys and values to the [B, C] row layout
 (zeros where a row has no stream token, masked out of the keys), where each row sees its prompt
 and its own earlier columns, and moves the output back. The weight matmuls, which dominate, skip
 the padding and run each prompt once; the attention scores keep the padded row layout. The last
@@ -14,8 +14,9 @@ layer computes no more than a score reads (`PackedRows.scored_rows`): its querie
 output, MLP and final norm run on each prompt's last column and the completion slots, while its
 keys and values still cover every prompt token.
 
-Einsum letters: B batch, T query time, S key slots, N query heads, K kv heads, G query heads per kv
-head (N = K·G), H head dim, L stream length, Bp prompts, P prompt columns, C completion columns.
+Letters (the project's legend, DESIGN.md §4): B rows, T query time (a packed call's stream), S key
+slots, N query heads, K kv heads, H head dim, P prompt columns, C completion columns; in the
+einsums `r` is the query heads per kv head (N = K·r), a local letter.
 """
 
 from __future__ import annotations
@@ -34,124 +35,129 @@ def attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt) -> jax.Array:
   `visible_BTS`; returns [B, T, N·H]."""
   B, T, N, H = q_BTNH.shape
   K = keys_BKSH.shape[1]
-  q_BTKGH = q_BTNH.reshape(B, T, K, N // K, H)
-  scores_BKGTS = jnp.einsum("BTKGH,BKSH->BKGTS", q_BTKGH, keys_BKSH.astype(dt),
+  q_BTKrH = q_BTNH.reshape(B, T, K, N // K, H)
+  scores_BKrTS = jnp.einsum("BTKrH,BKSH->BKrTS", q_BTKrH, keys_BKSH.astype(dt),
                             preferred_element_type=jnp.float32) / math.sqrt(H)
-  scores_BKGTS = jnp.where(visible_BTS[:, None, None], scores_BKGTS, _NEG_INF)
-  probs_BKGTS = jax.nn.softmax(scores_BKGTS, axis=-1).astype(dt)
-  out_BTKGH = jnp.einsum("BKGTS,BKSH->BTKGH", probs_BKGTS, values_BKSH.astype(dt))
-  return out_BTKGH.reshape(B, T, N * H)
+  scores_BKrTS = jnp.where(visible_BTS[:, None, None], scores_BKrTS, _NEG_INF)
+  probs_BKrTS = jax.nn.softmax(scores_BKrTS, axis=-1).astype(dt)
+  out_BTKrH = jnp.einsum("BKrTS,BKSH->BTKrH", probs_BKrTS, values_BKSH.astype(dt))
+  return out_BTKrH.reshape(B, T, N * H)
 
 
-def packed_attention(packed: PackedRows, q_1QNH, k_1LKH, v_1LKH, mask_1L, dt) -> jax.Array:
+def packed_attention(packed: PackedRows, queries, k_1TKH, v_1TKH, mask_1T, dt) -> jax.Array:
   """Attention of a packed stream (module docstring): each prompt causally over itself, each
-  completion row over its prompt and its own earlier columns. Returns [1, Q, N·H] for queries
-  [1, Q, N, H]: either every stream token (Q = L) or the scored rows alone (Q = Bp + L - Bp·P,
-  `PackedRows.scored_rows`: each prompt's last column, then the completion slots)."""
-  Bp, P = packed.prompt_valid_BpP.shape
+  completion row over its prompt and its own earlier columns. Returns [1, queries, N·H] for
+  `queries` [1, queries, N, H]: either every stream token (T of them) or the scored rows alone
+  (prompts + T - prompts·P, `PackedRows.scored_rows`: each prompt's last column, then the
+  completion slots)."""
+  prompts, P = packed.prompt_valid.shape
   B, C = packed.slot_BC.shape
-  Lp = Bp * P
-  r = B // Bp
-  L = k_1LKH.shape[1]
-  Qp = {L: Lp, L - Lp + Bp: Bp}.get(q_1QNH.shape[1])  # prompt queries: all, or each last column
-  if Qp is None:
-    raise ValueError(f"packed_attention: {q_1QNH.shape[1]} queries for a stream of {L} tokens; "
-                     f"expected {L} (all) or {L - Lp + Bp} (the scored rows)")
+  in_prompts = prompts * P   # stream tokens before the completion slots
+  r = B // prompts
+  T = k_1TKH.shape[1]
+  # prompt queries: all of them, or each prompt's last column
+  prompt_queries = {T: in_prompts, T - in_prompts + prompts: prompts}.get(queries.shape[1])
+  if prompt_queries is None:
+    raise ValueError(f"packed_attention: {queries.shape[1]} queries for a stream of {T} tokens; "
+                     f"expected {T} (all) or {T - in_prompts + prompts} (the scored rows)")
   heads_first = lambda x: x.transpose(0, 2, 1, 3)  # [., S, K, H] -> [., K, S, H]
-  # Prompts: [Bp, P] rows, causal, real tokens only.
-  qp = q_1QNH[0, :Qp].reshape((Bp, Qp // Bp) + q_1QNH.shape[2:])
-  kp, vp = (x[0, :Lp].reshape((Bp, P) + x.shape[2:]) for x in (k_1LKH, v_1LKH))
+  # Prompts: one row each, causal, real tokens only.
+  qp = queries[0, :prompt_queries].reshape((prompts, prompt_queries // prompts)
+                                           + queries.shape[2:])
+  kp, vp = (x[0, :in_prompts].reshape((prompts, P) + x.shape[2:]) for x in (k_1TKH, v_1TKH))
   causal_PP = jnp.arange(P)[None, :] <= jnp.arange(P)[:, None]
   prompt_out = attend(qp, heads_first(kp), heads_first(vp),
-                      causal_PP[None, P - Qp // Bp:] & packed.prompt_valid_BpP[:, None, :], dt)
+                      causal_PP[None, P - prompt_queries // prompts:]
+                      & packed.prompt_valid[:, None, :], dt)
   # Completions: [B, C] rows; keys are the row's prompt (broadcast from its block) then its own
   # columns up to the query's.
-  qc = packed.to_rows(q_1QNH[:, Qp:])
-  kc, vc = (packed.to_rows(x[:, Lp:]) for x in (k_1LKH, v_1LKH))
-  valid_BC = packed.to_rows(mask_1L[:, Lp:, None])[..., 0].astype(bool)
-  to_rows = lambda x: jnp.broadcast_to(x[:, None], (Bp, r) + x.shape[1:]).reshape(
+  qc = packed.to_rows(queries[:, prompt_queries:])
+  kc, vc = (packed.to_rows(x[:, in_prompts:]) for x in (k_1TKH, v_1TKH))
+  valid_BC = packed.to_rows(mask_1T[:, in_prompts:, None])[..., 0].astype(bool)
+  to_rows = lambda x: jnp.broadcast_to(x[:, None], (prompts, r) + x.shape[1:]).reshape(
       (B,) + x.shape[1:])
   keys = jnp.concatenate([to_rows(heads_first(kp)), heads_first(kc)], axis=2)
   values = jnp.concatenate([to_rows(heads_first(vp)), heads_first(vc)], axis=2)
   causal_CC = jnp.arange(C)[None, :] <= jnp.arange(C)[:, None]
   visible = jnp.concatenate([
-      jnp.broadcast_to(to_rows(packed.prompt_valid_BpP)[:, None, :], (B, C, P)),
+      jnp.broadcast_to(to_rows(packed.prompt_valid)[:, None, :], (B, C, P)),
       causal_CC[None] & valid_BC[:, None, :]], axis=2)
   completion_out = attend(qc, keys, values, visible, dt)
-  return jnp.concatenate([prompt_out.reshape(1, Qp, -1), packed.to_stream(completion_out)],
-                         axis=1)
+  return jnp.concatenate([prompt_out.reshape(1, prompt_queries, -1),
+                          packed.to_stream(completion_out)], axis=1)
 
 
 @flax.struct.dataclass
 class PackedRows:
-  """How a packed stream [1, L = Bp * P + T] is laid out (module docstring).
+  """How a packed stream [1, T] (the prompts' P columns each, then the completion slots) is laid
+  out (module docstring).
 
-  `prompt_valid_BpP` marks the real tokens of the Bp prompts that open the stream (P columns
-  each). `slot_BC[b, c]` is the stream slot, counted from the end of the prompts, of row b's
-  completion column c, or -1 (not in the stream: padding or a token nothing needs); `src_T[t]` is
-  the flat index b * C + c of completion slot t, or -1 (a pad slot at the stream's end). The two
-  are inverse maps of each other on their valid entries; B must be a multiple of Bp."""
-  prompt_valid_BpP: jax.Array  # bool
-  slot_BC: jax.Array           # int32
-  src_T: jax.Array             # int32
+  `prompt_valid` [prompts, P] marks the real tokens of the prompts that open the stream.
+  `slot_BC[b, c]` is the stream slot, counted from the end of the prompts, of row b's completion
+  column c, or -1 (not in the stream: padding or a token nothing needs); `slot_src[t]` is the flat
+  index b * C + c of completion slot t, or -1 (a pad slot at the stream's end). The two are
+  inverse maps of each other on their valid entries; B must be a multiple of the prompts."""
+  prompt_valid: jax.Array   # bool [prompts, P]
+  slot_BC: jax.Array        # int32
+  slot_src: jax.Array       # int32 [completion slots]
 
   @property
   def prompt_tokens(self) -> int:
-    return self.prompt_valid_BpP.size
+    return self.prompt_valid.size
 
-  def scored_rows(self, x_1LX: jax.Array) -> jax.Array:
-    """The stream rows [1, L, ...] whose final hidden states a score reads: each prompt's last
+  def scored_rows(self, x_1T):
+    """The stream rows [1, T, ...] whose final hidden states a score reads: each prompt's last
     column (it predicts the first completion token), then the completion slots ->
-    [1, Bp + L - Bp·P, ...]. The decoder's last layer runs on these rows alone."""
-    Bp, P = self.prompt_valid_BpP.shape
-    return jnp.concatenate([x_1LX[:, P - 1:Bp * P:P], x_1LX[:, Bp * P:]], axis=1)
+    [1, prompts + T - prompts·P, ...]. The decoder's last layer runs on these rows alone."""
+    prompts, P = self.prompt_valid.shape
+    return jnp.concatenate([x_1T[:, P - 1:prompts * P:P], x_1T[:, prompts * P:]], axis=1)
 
-  def to_rows(self, x_1TX: jax.Array) -> jax.Array:
-    """Completion stream [1, T, ...] -> rows [B, C, ...], zeros where a row has no stream token."""
-    return _to_rows(self.slot_BC, self.src_T, x_1TX)
+  def to_rows(self, slots):
+    """Completion slots [1, slots, ...] -> rows [B, C, ...], zeros where a row has no stream
+    token."""
+    return _to_rows(self.slot_BC, self.slot_src, slots)
 
-  def to_stream(self, x_BCX: jax.Array) -> jax.Array:
-    """Rows [B, C, ...] -> completion stream [1, T, ...], zeros in pad slots."""
-    return _to_stream(self.slot_BC, self.src_T, x_BCX)
+  def to_stream(self, x_BC):
+    """Rows [B, C, ...] -> completion slots [1, slots, ...], zeros in pad slots."""
+    return _to_stream(self.slot_BC, self.slot_src, x_BC)
 
 
 # The two moves are gathers whose transposes are each other (the maps are inverse on their valid
-# entries; smjax.train.scoring checks that a plan round-trips and skips the step if not), so their
+# entries; smjax.batch.check_layout checks that a plan round-trips, on the host), so their
 # custom VJPs gather too, where autodiff would emit scatter-adds (a serial loop on XLA's CPU
 # backend, and a collision-handling one elsewhere) for a map it cannot know is one-to-one.
-def _gather_rows(x_NX: jax.Array, idx: jax.Array) -> jax.Array:
+def _gather_rows(x: jax.Array, idx: jax.Array) -> jax.Array:
   """x[idx] along the leading axis, zeros where idx < 0."""
-  return jnp.take(x_NX, jnp.where(idx >= 0, idx, x_NX.shape[0]), axis=0, mode="fill",
-                  fill_value=0)
+  return jnp.take(x, jnp.where(idx >= 0, idx, x.shape[0]), axis=0, mode="fill", fill_value=0)
 
 
 @jax.custom_vjp
-def _to_rows(slot_BC, src_T, x_1TX):
-  return _gather_rows(x_1TX[0], slot_BC)
+def _to_rows(slot_BC, slot_src, slots):
+  return _gather_rows(slots[0], slot_BC)
 
 
-def _to_rows_fwd(slot_BC, src_T, x_1TX):
-  return _to_rows(slot_BC, src_T, x_1TX), (slot_BC, src_T)
+def _to_rows_fwd(slot_BC, slot_src, slots):
+  return _to_rows(slot_BC, slot_src, slots), (slot_BC, slot_src)
 
 
-def _to_rows_bwd(res, g_BCX):
-  slot_BC, src_T = res
-  return None, None, _to_stream(slot_BC, src_T, g_BCX)
+def _to_rows_bwd(res, g_BC):
+  slot_BC, slot_src = res
+  return None, None, _to_stream(slot_BC, slot_src, g_BC)
 
 
 @jax.custom_vjp
-def _to_stream(slot_BC, src_T, x_BCX):
-  B, C = x_BCX.shape[:2]
-  return _gather_rows(x_BCX.reshape((B * C,) + x_BCX.shape[2:]), src_T)[None]
+def _to_stream(slot_BC, slot_src, x_BC):
+  B, C = x_BC.shape[:2]
+  return _gather_rows(x_BC.reshape((B * C,) + x_BC.shape[2:]), slot_src)[None]
 
 
-def _to_stream_fwd(slot_BC, src_T, x_BCX):
-  return _to_stream(slot_BC, src_T, x_BCX), (slot_BC, src_T)
+def _to_stream_fwd(slot_BC, slot_src, x_BC):
+  return _to_stream(slot_BC, slot_src, x_BC), (slot_BC, slot_src)
 
 
-def _to_stream_bwd(res, g_1TX):
-  slot_BC, src_T = res
-  return None, None, _to_rows(slot_BC, src_T, g_1TX)
+def _to_stream_bwd(res, g_slots):
+  slot_BC, slot_src = res
+  return None, None, _to_rows(slot_BC, slot_src, g_slots)
 
 
 _to_rows.defvjp(_to_rows_fwd, _to_rows_bwd)

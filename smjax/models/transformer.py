@@ -11,17 +11,18 @@ serves prefill (T = prompt length) and decode (T = 1). `mask_BT` marks real toke
 masked out of the keys, and `positions_BT` carries the RoPE positions (for a left-padded row,
 `cumsum(mask) - 1`), so padding never changes a real token's logits.
 
-Packed rows (`packed=PackedRows(...)`, no cache): the tokens come as one stream [1, L], the
+Packed rows (`packed=PackedRows(...)`, no cache): the tokens come as one stream [1, T], the
 prompts and then only the completion tokens that matter, without padding; every per-token op runs
 on the stream and only attention moves to the padded rows (smjax.models.attention). The call
 returns the rows a score reads (`PackedRows.scored_rows`: each prompt's last column, then the
 completion slots), which the last layer computes alone.
 
-Einsum letters: B batch, T query time, S key slots, D model dim, N query heads, K kv heads,
-G query heads per kv head (N = K·G), H head dim, F mlp dim, V vocab, L layers, M = B·T rows.
+Letters (the project's legend, DESIGN.md §4): B rows, T query time, S key slots, D model dim,
+N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; RoPE tables are [B, T, H/2]
+(`_BT_half`).
 
-Every weight matmul (projections, MLP, LM head) runs as one 2-D `[M, D] @ [D, X]` product on the
-flattened rows (`dense`): XLA's CPU backward of the 3-D einsums (BTD,DNH->BTNH, ...) was ~2x
+Every weight matmul (projections, MLP, LM head) runs as one 2-D `[rows, D] @ [D, out]` product on
+the flattened rows (`dense`): XLA's CPU backward of the 3-D einsums (BTD,DNH->BTNH, ...) was ~2x
 slower than the same FLOPs as 2-D matmuls, and the GRPO step ~26% slower overall.
 """
 
@@ -139,6 +140,12 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) ->
                  valid_BS=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
+def positions_from_mask(mask_BT) -> jax.Array:
+  """RoPE positions of left-padded rows: each real token's index among its row's real tokens
+  (`cumsum(mask) - 1`; 0 on the left padding)."""
+  return jnp.maximum(jnp.cumsum(mask_BT, axis=1, dtype=jnp.int32) - 1, 0)
+
+
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
   """Inverse frequencies [H/2], with llama3 scaling when configured (as HF computes them)."""
   h = cfg.head_dim
@@ -159,7 +166,7 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
   """cos and sin [B, T, H/2] (float32) of the RoPE angles; computed once, shared by all layers."""
-  angles_BTh = positions_BT[..., None].astype(jnp.float32) * inv_freq
+  angles_BT_half = positions_BT[..., None].astype(jnp.float32) * inv_freq
   tables = lambda a: (jnp.cos(a), jnp.sin(a))
   # Without a fence XLA fuses cos/sin into every consumer and evaluates them again per head, per
   # layer, forward and backward. XLA:CPU drops optimization barriers before it fuses (a toy-small
@@ -169,14 +176,14 @@ def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Arra
   # faster). Elsewhere the barrier stands, and a one-token decode step, whose tables are tiny,
   # skips the conditional's dispatch.
   if positions_BT.shape[-1] == 1:
-    return jax.lax.optimization_barrier(tables(angles_BTh))
+    return jax.lax.optimization_barrier(tables(angles_BT_half))
   def fenced_cpu(a):
     return jax.lax.cond(jnp.min(positions_BT) > jnp.iinfo(jnp.int32).min, tables, tables, a)
   return jax.lax.platform_dependent(
-      angles_BTh, cpu=fenced_cpu, default=lambda a: jax.lax.optimization_barrier(tables(a)))
+      angles_BT_half, cpu=fenced_cpu, default=lambda a: jax.lax.optimization_barrier(tables(a)))
 
 
-def rotate(x_BTNH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Array:
+def rotate(x_BTNH: jax.Array, cos_BT_half: jax.Array, sin_BT_half: jax.Array) -> jax.Array:
   """Rotate-half RoPE with precomputed cos/sin, in float32 and cast back.
 
   HF's x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin), written per half (x = [x1, x2]): the
@@ -185,13 +192,8 @@ def rotate(x_BTNH: jax.Array, cos_BTh: jax.Array, sin_BTh: jax.Array) -> jax.Arr
   x = x_BTNH.astype(jnp.float32)
   half = x.shape[-1] // 2
   x1, x2 = x[..., :half], x[..., half:]
-  c, s = cos_BTh[:, :, None, :], sin_BTh[:, :, None, :]
+  c, s = cos_BT_half[:, :, None, :], sin_BT_half[:, :, None, :]
   return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x_BTNH.dtype)
-
-
-def apply_rope(x_BTNH: jax.Array, positions_BT: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotate-half RoPE, computed in float32 and cast back."""
-  return rotate(x_BTNH, *rope_cos_sin(positions_BT, inv_freq))
 
 
 class RMSNorm(nn.Module):
@@ -209,18 +211,18 @@ class RMSNorm(nn.Module):
     return scale.astype(x.dtype) * xf.astype(x.dtype)
 
 
-def dense(x_BTD: jax.Array, w_DX: jax.Array, *, preferred_element_type=None) -> jax.Array:
-  """x [..., D] @ w [D, X...] -> [..., X...] as one 2-D matmul over the flattened leading rows.
+def dense(x_BTD: jax.Array, w: jax.Array, *, preferred_element_type=None) -> jax.Array:
+  """x [..., D] @ w [D, out...] -> [..., out...] as one 2-D matmul over the flattened leading rows.
 
   The trailing weight axes (heads, head dim) are flattened too, so forward and backward are plain
-  [M, D] @ [D, X] products, which XLA's CPU backend runs well (see the module docstring)."""
+  [rows, D] @ [D, out] products, which XLA's CPU backend runs well (see the module docstring)."""
   lead, D = x_BTD.shape[:-1], x_BTD.shape[-1]
-  if w_DX.shape[0] != D:
-    raise ValueError(f"dense: x {x_BTD.shape} and weight {w_DX.shape} disagree on D={D}")
-  out = w_DX.shape[1:]
-  y_MX = jnp.dot(x_BTD.reshape(-1, D), w_DX.reshape(D, -1),
-                 preferred_element_type=preferred_element_type)
-  return y_MX.reshape(*lead, *out)
+  if w.shape[0] != D:
+    raise ValueError(f"dense: x {x_BTD.shape} and weight {w.shape} disagree on D={D}")
+  out = w.shape[1:]
+  y = jnp.dot(x_BTD.reshape(-1, D), w.reshape(D, -1),
+              preferred_element_type=preferred_element_type)
+  return y.reshape(*lead, *out)
 
 
 def _dense_init(fan_in_axes_size):
@@ -232,7 +234,7 @@ class Attention(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None,
+  def __call__(self, x_BTD, rope_BT_half, mask_BT, layer_cache, cache_index, packed=None,
                scored_only=False):
     """`scored_only` (packed only): queries and output for `packed.scored_rows` alone."""
     cfg = self.cfg
@@ -256,14 +258,14 @@ class Attention(nn.Module):
     if cfg.qk_norm:
       q_BTNH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="q_norm")(q_BTNH)
       k_BTKH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="k_norm")(k_BTKH)
-    q_BTNH = rotate(q_BTNH, *map(q_rows, rope_BTh))
-    k_BTKH = rotate(k_BTKH, *rope_BTh)
+    q_BTNH = rotate(q_BTNH, *map(q_rows, rope_BT_half))
+    k_BTKH = rotate(k_BTKH, *rope_BT_half)
     wo = self.param("o", nn.with_logical_partitioning(_dense_init(N * H),
                                                       ("q_heads", "head_dim", "embed")),
                     (N, H, D), pdt)
     if packed is not None:
-      out_BTX = packed_attention(packed, q_BTNH, k_BTKH, v_BTKH, mask_BT, dt)
-      return dense(out_BTX, wo.astype(dt).reshape(N * H, D)), None
+      heads = packed_attention(packed, q_BTNH, k_BTKH, v_BTKH, mask_BT, dt)  # [1, ., N·H]
+      return dense(heads, wo.astype(dt).reshape(N * H, D)), None
 
     B, T = x_BTD.shape[:2]
     k_BKTH = k_BTKH.transpose(0, 2, 1, 3)
@@ -284,9 +286,9 @@ class Attention(nn.Module):
       new_layer_cache = (keys_BKSH, values_BKSH)
 
     visible_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & valid_BS[:, None, :]
-    out_BTX = attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt)
+    heads = attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt)  # [B, T, N·H]
     # BTNH,NHD->BTD as [M, N·H] @ [N·H, D].
-    return dense(out_BTX, wo.astype(dt).reshape(N * H, D)), new_layer_cache
+    return dense(heads, wo.astype(dt).reshape(N * H, D)), new_layer_cache
 
 
 class MLP(nn.Module):
@@ -310,12 +312,12 @@ class Block(nn.Module):
   cfg: ModelConfig
 
   @nn.compact
-  def __call__(self, x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed=None,
+  def __call__(self, x_BTD, rope_BT_half, mask_BT, layer_cache, cache_index, packed=None,
                scored_only=False):
     cfg = self.cfg
     pdt = cfg.jnp_param_dtype
     h = RMSNorm(cfg.rms_norm_eps, pdt, name="input_norm")(x_BTD)
-    attn_out, new_layer_cache = Attention(cfg, name="attn")(h, rope_BTh, mask_BT, layer_cache,
+    attn_out, new_layer_cache = Attention(cfg, name="attn")(h, rope_BT_half, mask_BT, layer_cache,
                                                             cache_index, packed, scored_only)
     if scored_only:
       x_BTD = packed.scored_rows(x_BTD)
@@ -338,7 +340,7 @@ class Transformer(nn.Module):
       mask_BT = jnp.ones((B, T), bool)
     mask_BT = mask_BT.astype(bool)
     if positions_BT is None:
-      positions_BT = jnp.maximum(jnp.cumsum(mask_BT, axis=1) - 1, 0)
+      positions_BT = positions_from_mask(mask_BT)
       if cache is not None:
         raise ValueError("Transformer: positions_BT is required when decoding with a cache")
     embedding = self.param("embed", nn.with_logical_partitioning(
@@ -355,14 +357,14 @@ class Transformer(nn.Module):
       cache_index = cache.index
       valid_BS = jax.lax.dynamic_update_slice(cache.valid_BS, mask_BT, (0, cache_index))
     new_k, new_v = [], []
-    rope_BTh = rope_cos_sin(positions_BT, rope_inv_freq(cfg))  # (cos, sin), shared by the layers
+    rope_BT_half = rope_cos_sin(positions_BT, rope_inv_freq(cfg))  # (cos, sin), shared by the layers
     for layer in range(cfg.n_layers):
       layer_cache = None if cache is None else (cache.k[layer], cache.v[layer], valid_BS)
       # A packed stream's last layer runs its queries, MLP and the final norm on the rows a
       # score reads alone (PackedRows.scored_rows), so a packed call returns those rows.
       last = packed is not None and layer == cfg.n_layers - 1
       x_BTD, new_layer_cache = Block(cfg, name=f"layers_{layer}")(
-          x_BTD, rope_BTh, mask_BT, layer_cache, cache_index, packed, last)
+          x_BTD, rope_BT_half, mask_BT, layer_cache, cache_index, packed, last)
       if new_layer_cache is not None:
         new_k.append(new_layer_cache[0])
         new_v.append(new_layer_cache[1])

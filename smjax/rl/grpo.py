@@ -1,8 +1,9 @@
 """GRPO algorithm core: group advantages, the clipped per-token objective, aggregation, metrics.
 
-The single source of truth for the GRPO math (DESIGN.md §5). The fused Pallas kernel in
-kernels/group_advantage.py calls the per-token and per-row functions below on its blocks, so the
-two implementations cannot drift; `grpo_loss(impl="xla")` runs the same functions on whole arrays.
+The single source of truth for the GRPO math (DESIGN.md §5), in plain jnp: `grpo_loss` and
+`grpo_loss_from_rewards` run the functions below on whole arrays. The fused Pallas kernel in
+kernels/group_advantage.py calls the same per-token and per-row functions on its blocks; which of
+the two runs is decided in one place, smjax.kernels.dispatch (this module imports no kernel).
 
 Rows are ordered [prompt0 x G, prompt1 x G, ...]. Every loss returns (loss, aux) where aux holds
 float scalars the train step logs. Numbers are computed in float32 (float64 if given float64).
@@ -13,8 +14,8 @@ and add the micro-batch losses. Pass the *global* `num_valid_tokens` (token_mean
 micro-batch losses (and gradients) then equals the full-batch loss. Without them each call
 normalises by its own counts. Ratio/clip/KL metrics in aux are always micro-batch means.
 
-Legend: B batch rows (prompts x G), G group size, T time (completion tokens), V vocab,
-K per-row statistics (STAT_NAMES).
+Legend (DESIGN.md §4): B rows (prompts x G), G group size, T target positions (the scored
+completion columns), V vocab; per-row statistics are `stats` [B, NUM_STATS] (STAT_NAMES).
 """
 
 import numbers
@@ -23,21 +24,18 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from smjax.rl.logprobs import compute_dtype as _compute_dtype
+
 ADVANTAGE_MODES = ("grpo", "drgrpo", "rloo")
 KL_ESTIMATORS = ("k3", "k1")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-IMPLS = ("auto", "pallas", "xla")
 
-# Per-row statistics: both implementations produce a [B, K] array with these columns; sums run
-# over the row's valid tokens. `finalize` turns them into the loss and the metrics.
+# Per-row statistics: both implementations produce `stats` [B, NUM_STATS] with these columns; sums
+# run over the row's valid tokens. `finalize` turns them into the loss and the metrics.
 STAT_NAMES = ("loss_sum", "pg_sum", "kl_sum", "clip_low", "clip_high", "ratio_sum",
               "ratio_max", "ratio_min", "n_valid", "advantage")
 COL = {name: i for i, name in enumerate(STAT_NAMES)}
 NUM_STATS = len(STAT_NAMES)
-
-
-def _compute_dtype(x):
-  return jnp.promote_types(x.dtype, jnp.float32)
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -111,13 +109,14 @@ def reward_metrics(rewards_B, *, group_size):
   rewards_B = jnp.asarray(rewards_B)
   check_group_args(rewards_B, group_size=group_size, mode="drgrpo")
   r = rewards_B.astype(_compute_dtype(rewards_B))
-  r_PG = r.reshape(-1, group_size)
+  by_group = r.reshape(-1, group_size)  # [groups, G]
   return {
       "reward_mean": jnp.mean(r),
       "reward_std": jnp.std(r),
       "reward_min": jnp.min(r),
       "reward_max": jnp.max(r),
-      "frac_groups_zero_std": jnp.mean((jnp.max(r_PG, 1) == jnp.min(r_PG, 1)).astype(r.dtype)),
+      "frac_groups_zero_std": jnp.mean(
+          (jnp.max(by_group, 1) == jnp.min(by_group, 1)).astype(r.dtype)),
   }
 
 
@@ -208,7 +207,7 @@ def combine_row_partials(a, b):
 
 def row_stats(logp_BT, old_logp_BT, ref_logp_BT, adv_B, mask_BT, *, eps_low, eps_high, beta,
               kl_estimator):
-  """[B, K] statistics (STAT_NAMES) over whole rows; the XLA path of grpo_loss."""
+  """[B, NUM_STATS] statistics (STAT_NAMES) over whole rows; the XLA path of grpo_loss."""
   dtype = _compute_dtype(logp_BT)
   cast = lambda x: None if x is None else x.astype(dtype)
   adv_B1 = cast(adv_B)[:, None]
@@ -217,15 +216,15 @@ def row_stats(logp_BT, old_logp_BT, ref_logp_BT, adv_B, mask_BT, *, eps_low, eps
   return jnp.concatenate(row_partials(terms, mask_BT) + (adv_B1,), axis=1)
 
 
-def finalize(stats_BK, *, aggregation, max_len, num_valid_tokens=None, num_sequences=None):
+def finalize(stats, *, aggregation, max_len, num_valid_tokens=None, num_sequences=None):
   """(loss, aux) from per-row statistics; only the loss_sum column carries gradient.
 
   token_mean: sum(loss_t) / num_valid_tokens. seq_mean_token_mean: mean over non-empty rows of
   each row's token mean. seq_mean_token_sum_norm: mean over non-empty rows of token sum / max_len.
   Empty rows contribute 0 and are not counted; an all-empty batch gives loss 0.
   """
-  aux_BK = jax.lax.stop_gradient(stats_BK)
-  n_B = aux_BK[:, COL["n_valid"]]
+  aux_stats = jax.lax.stop_gradient(stats)
+  n_B = aux_stats[:, COL["n_valid"]]
   tokens = jnp.sum(n_B)
   seqs = jnp.sum((n_B > 0).astype(n_B.dtype))
   tok_norm = jnp.maximum(tokens if num_valid_tokens is None else num_valid_tokens, 1)
@@ -238,8 +237,8 @@ def finalize(stats_BK, *, aggregation, max_len, num_valid_tokens=None, num_seque
     w_B = jnp.ones_like(n_B) / (float(max_len) * seq_norm)
   else:
     raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
-  w_B = w_B.astype(stats_BK.dtype)
-  col = lambda name: aux_BK[:, COL[name]]
+  w_B = w_B.astype(stats.dtype)
+  col = lambda name: aux_stats[:, COL[name]]
   per_tok = lambda name: jnp.sum(col(name)) / jnp.maximum(tokens, 1)
   adv_B = col("advantage")
   clip_low, clip_high = per_tok("clip_low"), per_tok("clip_high")
@@ -258,10 +257,20 @@ def finalize(stats_BK, *, aggregation, max_len, num_valid_tokens=None, num_seque
       "advantage_mean": jnp.mean(adv_B),
       "advantage_std": jnp.std(adv_B),
   }
-  return jnp.sum(w_B * stats_BK[:, COL["loss_sum"]]), aux
+  return jnp.sum(w_B * stats[:, COL["loss_sum"]]), aux
 
 
 # ----------------------------------------------------------------------------- public losses
+
+
+def check_aggregation(aggregation, max_len=None):
+  """Raises ValueError unless `aggregation` is one of AGGREGATIONS and max_len is None or a
+  positive int (GRPO's and OPD's losses share the aggregations)."""
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
+  if max_len is not None and (not isinstance(max_len, numbers.Integral) or max_len <= 0):
+    raise ValueError(f"{max_len=} must be a positive int (seq_mean_token_sum_norm's fixed length "
+                     "normaliser, Dr.GRPO)")
 
 
 def check_loss_args(logp_BT, old_logp_BT, ref_logp_BT, per_row_B, mask_BT, *, eps_low, eps_high,
@@ -284,71 +293,46 @@ def check_loss_args(logp_BT, old_logp_BT, ref_logp_BT, per_row_B, mask_BT, *, ep
     raise ValueError(f"{kl_estimator=} must be one of {KL_ESTIMATORS}")
   if beta > 0 and ref_logp_BT is None:
     raise ValueError(f"ref_logp_BT is None but {beta=} > 0: the KL term needs reference log-probs")
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
-  if max_len is not None and (not isinstance(max_len, numbers.Integral) or max_len <= 0):
-    raise ValueError(f"{max_len=} must be a positive int (Dr.GRPO's fixed length normaliser)")
-
-
-def _use_pallas(impl):
-  if impl not in IMPLS:
-    raise ValueError(f"{impl=} must be one of {IMPLS}")
-  if impl == "xla":
-    return False
-  from smjax.kernels import group_advantage  # lazy: the kernel module imports this one
-  return group_advantage.resolve_impl(impl) == "pallas"
+  check_aggregation(aggregation, max_len)
 
 
 def grpo_loss(logp_BT, old_logp_BT, ref_logp_BT, advantages_B, mask_BT, *, eps_low, eps_high,
               beta, kl_estimator, aggregation, max_len=None, num_valid_tokens=None,
-              num_sequences=None, impl="xla"):
+              num_sequences=None):
   """GRPO loss and metrics from precomputed advantages; differentiable w.r.t. logp_BT only.
 
   logp_BT: policy log-probs of the sampled tokens; old_logp_BT: behaviour (sampler) log-probs;
   ref_logp_BT: reference log-probs, may be None when beta == 0; mask_BT: 1/True on completion
   tokens. max_len: seq_mean_token_sum_norm's constant (default T). num_valid_tokens /
   num_sequences: global normalisers for gradient accumulation (see module docstring).
-  impl: "xla" (jnp), "pallas" (fused kernel; interpreted on CPU), "auto" (pallas on TPU/GPU).
   """
   advantages_B = jnp.asarray(advantages_B)
   check_loss_args(logp_BT, old_logp_BT, ref_logp_BT, advantages_B, mask_BT, eps_low=eps_low,
                   eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
                   aggregation=aggregation, max_len=max_len)
-  kw = dict(eps_low=eps_low, eps_high=eps_high, beta=beta, kl_estimator=kl_estimator)
-  if _use_pallas(impl):
-    from smjax.kernels import group_advantage
-    return group_advantage.grpo_loss_fused(
-        logp_BT, old_logp_BT, ref_logp_BT, advantages_B, mask_BT, num_valid_tokens,
-        num_sequences, group_size=1, advantage_mode="precomputed", aggregation=aggregation,
-        max_len=max_len, **kw)
-  stats_BK = row_stats(logp_BT, old_logp_BT, ref_logp_BT, jax.lax.stop_gradient(advantages_B),
-                       mask_BT, **kw)
-  return finalize(stats_BK, aggregation=aggregation, max_len=max_len or logp_BT.shape[1],
+  stats = row_stats(logp_BT, old_logp_BT, ref_logp_BT, jax.lax.stop_gradient(advantages_B),
+                    mask_BT, eps_low=eps_low, eps_high=eps_high, beta=beta,
+                    kl_estimator=kl_estimator)
+  return finalize(stats, aggregation=aggregation, max_len=max_len or logp_BT.shape[1],
                   num_valid_tokens=num_valid_tokens, num_sequences=num_sequences)
 
 
 def grpo_loss_from_rewards(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, *, group_size,
                            advantage_mode, advantage_eps=1e-6, eps_low, eps_high, beta,
                            kl_estimator, aggregation, max_len=None, num_valid_tokens=None,
-                           num_sequences=None, impl="xla"):
-  """group_advantages + grpo_loss in one call; with impl="pallas" the kernel fuses both."""
+                           num_sequences=None):
+  """group_advantages + grpo_loss in one call (the fused kernel computes the same in one pass)."""
   rewards_B = jnp.asarray(rewards_B)
   check_group_args(rewards_B, group_size=group_size, mode=advantage_mode)
   check_loss_args(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, eps_low=eps_low,
                   eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
                   aggregation=aggregation, max_len=max_len, per_row_name="rewards_B")
-  kw = dict(eps_low=eps_low, eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
-            aggregation=aggregation, max_len=max_len)
-  if _use_pallas(impl):
-    from smjax.kernels import group_advantage
-    return group_advantage.grpo_loss_fused(
-        logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, num_valid_tokens, num_sequences,
-        group_size=group_size, advantage_mode=advantage_mode, advantage_eps=advantage_eps, **kw)
   adv_B = group_advantages(jax.lax.stop_gradient(rewards_B), group_size=group_size,
                            mode=advantage_mode, eps=advantage_eps)
-  return grpo_loss(logp_BT, old_logp_BT, ref_logp_BT, adv_B, mask_BT,
-                   num_valid_tokens=num_valid_tokens, num_sequences=num_sequences, impl="xla",
-                   **kw)
+  return grpo_loss(logp_BT, old_logp_BT, ref_logp_BT, adv_B, mask_BT, eps_low=eps_low,
+                   eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
+                   aggregation=aggregation, max_len=max_len, num_valid_tokens=num_valid_tokens,
+                   num_sequences=num_sequences)
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -366,6 +350,9 @@ def token_entropy(logits_BTV):
 
 
 def masked_mean(x_BT, mask_BT):
-  """Mean of x over positions where mask is set; 0 when nothing is set."""
-  m = mask_BT.astype(_compute_dtype(x_BT))
-  return jnp.sum(x_BT * m) / jnp.maximum(jnp.sum(m), 1.0)
+  """Mean of x over positions where mask is set, in float32 (float64 for float64); 0 when nothing
+  is set. Masked entries are selected away, not multiplied, so they may hold inf/NaN (the OPD
+  metrics' log-probs and KLs can)."""
+  valid = mask_BT > 0
+  x = x_BT.astype(_compute_dtype(x_BT))
+  return jnp.sum(jnp.where(valid, x, 0.0)) / jnp.maximum(jnp.sum(valid), 1)

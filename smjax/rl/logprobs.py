@@ -9,19 +9,19 @@ take_along_axis would keep the [B, T, V] log-softmax and a scattered one-hot bes
 the same max and exponentials: H = lse - sum(softmax * logits). A separate log_softmax-based
 entropy reads the [B, T, V] logits again with its own exp passes (~4% of a small GRPO step).
 
-Legend: B batch, T time, V vocab.
+Legend (DESIGN.md §4): B rows, T target positions, V vocab.
 """
 
 import jax
 import jax.numpy as jnp
 
 
-def _compute_dtype(x):
+def compute_dtype(x):
   return jnp.promote_types(x.dtype, jnp.float32)
 
 
 def _lse_and_picked(logits_BTV, tokens_BT):
-  x = logits_BTV.astype(_compute_dtype(logits_BTV))
+  x = logits_BTV.astype(compute_dtype(logits_BTV))
   lse_BT = jax.nn.logsumexp(x, axis=-1)
   # mode="fill": an out-of-range token gives NaN (loud), not a silently clamped index.
   picked_BT = jnp.take_along_axis(x, tokens_BT[..., None], axis=-1, mode="fill",
@@ -53,7 +53,7 @@ _token_logprobs.defvjp(_fwd, _bwd)
 
 
 def _lse_picked_entropy(logits_BTV, tokens_BT):
-  x = logits_BTV.astype(_compute_dtype(logits_BTV))
+  x = logits_BTV.astype(compute_dtype(logits_BTV))
   max_BT = jnp.max(x, axis=-1)
   e_BTV = jnp.exp(x - max_BT[..., None])
   sum_BT = jnp.sum(e_BTV, axis=-1)

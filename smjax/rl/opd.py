@@ -8,20 +8,22 @@ vocabulary) scored them. Three objectives, each a per-token loss aggregated over
   (smjax.rl.grpo.token_terms). The single-sample estimator of the reverse-KL gradient: with
   rho = 1, grad = -E[A_t grad log pi_s(y_t)] = grad KL up to a zero-mean term.
 - `full_vocab`: KL_t = sum_v pi_s(v) (log pi_s(v) - log pi_T(v)) from both logits, differentiated
-  exactly w.r.t. the student logits; computed by smjax.kernels.reverse_kl (fused Pallas kernel,
-  or a token-chunked XLA path), never materialising [B, T, V] probabilities.
-- `top_k`: K_t = the student's k largest logits at t (a discrete choice: no gradient through it).
-  BOTH distributions are renormalised over K_t: q_s = softmax(s[K_t]), q_T = softmax(t[K_t]),
-  and KL_t = sum_{v in K_t} q_s(v) (log q_s(v) - log q_T(v)), a true KL on the k-simplex (>= 0,
-  0 iff the teacher's conditional on K_t equals the student's). The gradient flows, exactly, to
-  the student logits at K_t only; other logits and the teacher get none.
+  exactly w.r.t. the student logits. The per-token KL comes from the `reverse_kl` argument: the
+  train step passes smjax.kernels.dispatch.reverse_kl (the fused Pallas kernel, or a token-chunked
+  XLA path, never materialising [B, T, V] probabilities); the default, `full_vocab_kl`, is plain
+  jnp (this module imports no kernel).
+- `top_k`: the student's k largest logits at t (a discrete choice: no gradient through it).
+  BOTH distributions are renormalised over them: q_s = softmax(s[top k]), q_T = softmax(t[top k]),
+  and KL_t = sum_{v in top k} q_s(v) (log q_s(v) - log q_T(v)), a true KL on the k-simplex (>= 0,
+  0 iff the teacher's conditional on the top k equals the student's). The gradient flows,
+  exactly, to the student logits at the top k only; other logits and the teacher get none.
 
 Aggregation and micro-batching follow smjax.rl.grpo: `token_mean` (DAPO), `seq_mean_token_mean`,
 `seq_mean_token_sum_norm`; pass the whole batch's `num_valid_tokens` / `num_sequences` so that
 micro-batch losses add up to the full-batch loss. Metrics in aux are micro-batch means over valid
 tokens and carry no gradient.
 
-Legend: B batch, T time, V vocab, K top-k.
+Legend (DESIGN.md §4): B rows, T target positions, V vocab; the top-k axis is `_BT_topk`.
 """
 
 import numbers
@@ -44,11 +46,10 @@ def aggregate(loss_BT, mask_BT, *, aggregation="token_mean", num_valid_tokens=No
   token_mean: sum / num_valid_tokens (default: this batch's count). seq_mean_token_mean: mean
   over non-empty rows of each row's token mean. seq_mean_token_sum_norm: mean over non-empty
   rows of token sum / max_len (default T). Normalisers are clamped to >= 1 (empty batch -> 0).
+  The same aggregations as smjax.rl.grpo.finalize, which applies them to per-row statistics
+  (with per-row weights; this divides sums, so the two round differently in the last bit).
   """
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
-  if max_len is not None and (not isinstance(max_len, numbers.Integral) or max_len < 1):
-    raise ValueError(f"{max_len=} must be a positive int (seq_mean_token_sum_norm)")
+  grpo.check_aggregation(aggregation, max_len)
   valid = mask_BT > 0
   dtype = jnp.promote_types(loss_BT.dtype, _F32)
   row_sum_B = jnp.sum(jnp.where(valid, loss_BT.astype(dtype), 0.0), axis=1)
@@ -61,11 +62,6 @@ def aggregate(loss_BT, mask_BT, *, aggregation="token_mean", num_valid_tokens=No
   if aggregation == "seq_mean_token_mean":
     return jnp.sum(row_sum_B / jnp.maximum(n_B, 1.0)) / seqs
   return jnp.sum(row_sum_B) / (float(max_len or loss_BT.shape[1]) * seqs)
-
-
-def _masked_mean(x_BT, mask_BT):
-  valid = mask_BT > 0
-  return jnp.sum(jnp.where(valid, x_BT, 0.0)) / jnp.maximum(jnp.sum(valid), 1)
 
 
 def sampled_advantages(student_logp_BT, teacher_logp_BT):
@@ -82,28 +78,24 @@ def sampled_token_terms(student_logp_BT, old_logp_BT, teacher_logp_BT, mask_BT, 
                           kl_estimator="k1")
 
 
-def full_vocab_kl(student_logits_BTV, teacher_logits_BTV, *, impl="auto", block_sizes=None,
-                  chunk_tokens=None, mesh=None):
-  """Exact per-token reverse KL [B, T] (float32); see smjax.kernels.reverse_kl.reverse_kl.
-
-  On a multi-device mesh (`mesh`, or the one set by jax.set_mesh) the Pallas kernel runs per
-  device under shard_map (smjax.sharded_kernels): XLA does not partition a pallas_call.
-  """
-  from smjax import sharded_kernels  # lazy: sharded_kernels imports the kernels and grpo
-  return sharded_kernels.reverse_kl(student_logits_BTV, teacher_logits_BTV, impl=impl,
-                                    block_sizes=block_sizes, chunk_tokens=chunk_tokens,
-                                    mesh=mesh)
+def full_vocab_kl(student_logits_BTV, teacher_logits_BTV):
+  """Exact per-token reverse KL [B, T] (float32) in plain jnp, differentiable w.r.t. both logits.
+  It holds [B, T, V] probabilities; smjax.kernels.dispatch.reverse_kl computes the same without
+  them (the train step passes it to `opd_loss`)."""
+  log_p = jax.nn.log_softmax(student_logits_BTV.astype(_F32), axis=-1)
+  log_q = jax.nn.log_softmax(teacher_logits_BTV.astype(_F32), axis=-1)
+  return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
 
 
 def top_k_kl(student_logits_BTV, teacher_logits_BTV, *, k):
   """Per-token KL [B, T] between student and teacher renormalised over the student's top k."""
   s_BTV = student_logits_BTV.astype(_F32)
-  s_BTK, idx_BTK = jax.lax.top_k(s_BTV, k)
-  t_BTK = jnp.take_along_axis(teacher_logits_BTV, idx_BTK, axis=-1).astype(_F32)
-  t_BTK = jax.lax.stop_gradient(t_BTK)  # the teacher is a fixed target here
-  log_qs_BTK = jax.nn.log_softmax(s_BTK, axis=-1)
-  log_qt_BTK = jax.nn.log_softmax(t_BTK, axis=-1)
-  return jnp.sum(jnp.exp(log_qs_BTK) * (log_qs_BTK - log_qt_BTK), axis=-1)
+  s_BT_topk, idx_BT_topk = jax.lax.top_k(s_BTV, k)
+  t_BT_topk = jnp.take_along_axis(teacher_logits_BTV, idx_BT_topk, axis=-1).astype(_F32)
+  t_BT_topk = jax.lax.stop_gradient(t_BT_topk)  # the teacher is a fixed target here
+  log_qs_BT_topk = jax.nn.log_softmax(s_BT_topk, axis=-1)
+  log_qt_BT_topk = jax.nn.log_softmax(t_BT_topk, axis=-1)
+  return jnp.sum(jnp.exp(log_qs_BT_topk) * (log_qs_BT_topk - log_qt_BT_topk), axis=-1)
 
 
 def _check_2d(name, x, mask_BT):
@@ -113,9 +105,12 @@ def _check_2d(name, x, mask_BT):
 
 
 def _check_args(objective, s_BTV, t_BTV, s_BT, old_BT, t_BT, tokens_BT, mask_BT, *, top_k,
-                eps_low, eps_high):
+                eps_low, eps_high, reverse_kl):
   if objective not in OBJECTIVES:
     raise ValueError(f"opd_loss: {objective=} must be one of {OBJECTIVES}")
+  if reverse_kl is not None and not callable(reverse_kl):
+    raise ValueError(f"opd_loss: reverse_kl={reverse_kl!r} must be None or a callable "
+                     "(student_logits_BTV, teacher_logits_BTV) -> per-token KL [B, T]")
   if mask_BT.ndim != 2:
     raise ValueError(f"opd_loss: mask_BT must be 2-D [B, T], got shape {mask_BT.shape}")
   for name, x in (("student_logp_BT", s_BT), ("old_logp_BT", old_BT),
@@ -149,11 +144,18 @@ def _check_args(objective, s_BTV, t_BTV, s_BT, old_BT, t_BT, tokens_BT, mask_BT,
       raise ValueError(f"opd_loss: {top_k=} must be an int in [1, V={v}]")
 
 
+def _exact_kl(reverse_kl, s_BTV, t_BTV):
+  kl_BT = reverse_kl(s_BTV, t_BTV)
+  if kl_BT.shape != s_BTV.shape[:2]:
+    raise ValueError(f"opd_loss: reverse_kl returned shape {kl_BT.shape}; expected the per-token "
+                     f"KL [B, T] = {s_BTV.shape[:2]} of logits {s_BTV.shape}")
+  return kl_BT
+
+
 def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
              student_logp_BT=None, old_logp_BT=None, teacher_logp_BT=None, tokens_BT=None,
              mask_BT, aggregation="token_mean", num_valid_tokens=None, num_sequences=None,
-             max_len=None, eps_low=0.2, eps_high=0.2, top_k=32, impl="auto", block_sizes=None,
-             chunk_tokens=None, mesh=None):
+             max_len=None, eps_low=0.2, eps_high=0.2, top_k=32, reverse_kl=None):
   """OPD loss and metrics: (scalar loss, aux dict of float scalars).
 
   objective: "sampled" | "full_vocab" | "top_k" (module docstring).
@@ -163,7 +165,10 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
   full_vocab / top_k need student_logits_BTV (differentiable) and teacher_logits_BTV [B, T, V]
     at the positions that predict each token; logits must be finite everywhere (masked too).
   tokens_BT (optional): the sampled tokens, for the log-prob metrics of the logit objectives.
-  mask_BT: 1/True on completion tokens. impl, block_sizes, chunk_tokens: for reverse_kl.
+  mask_BT: 1/True on completion tokens.
+  reverse_kl: `(student_logits_BTV, teacher_logits_BTV) -> KL [B, T]`, the exact KL of
+    "full_vocab" (and of top_k's reverse_kl_full metric); None: full_vocab_kl. A train step passes
+    functools.partial(smjax.kernels.dispatch.reverse_kl, impl=..., mesh=...).
   aux: loss; reverse_kl (mean per valid token of the objective's KL: the sampled estimate
     log pi_s - log pi_T for "sampled", exact for "full_vocab", top-k for "top_k");
     student_logp / teacher_logp (mean log-prob of the sampled tokens; NaN if not computable);
@@ -172,7 +177,7 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
   """
   _check_args(objective, student_logits_BTV, teacher_logits_BTV, student_logp_BT, old_logp_BT,
               teacher_logp_BT, tokens_BT, mask_BT, top_k=top_k, eps_low=eps_low,
-              eps_high=eps_high)
+              eps_high=eps_high, reverse_kl=reverse_kl)
   if student_logp_BT is None and student_logits_BTV is not None and tokens_BT is not None:
     student_logp_BT = token_logprobs(student_logits_BTV, tokens_BT)
   if teacher_logp_BT is None and teacher_logits_BTV is not None and tokens_BT is not None:
@@ -180,6 +185,8 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
   agg = dict(aggregation=aggregation, num_valid_tokens=num_valid_tokens,
              num_sequences=num_sequences, max_len=max_len)
   sg = jax.lax.stop_gradient
+  if reverse_kl is None:
+    reverse_kl = full_vocab_kl
   aux = {}
   if objective == "sampled":
     old = sg(student_logp_BT) if old_logp_BT is None else old_logp_BT
@@ -187,33 +194,32 @@ def opd_loss(objective, *, student_logits_BTV=None, teacher_logits_BTV=None,
                                 eps_low=eps_low, eps_high=eps_high)
     loss = aggregate(terms.loss, mask_BT, **agg)
     kl_BT = -sampled_advantages(student_logp_BT, teacher_logp_BT)
-    aux["ratio_mean"] = _masked_mean(sg(terms.ratio), mask_BT)
-    aux["clip_frac"] = _masked_mean((terms.clip_low | terms.clip_high).astype(_F32), mask_BT)
-    aux["advantage_mean"] = _masked_mean(-kl_BT, mask_BT)
+    aux["ratio_mean"] = grpo.masked_mean(sg(terms.ratio), mask_BT)
+    aux["clip_frac"] = grpo.masked_mean((terms.clip_low | terms.clip_high).astype(_F32),
+                                        mask_BT)
+    aux["advantage_mean"] = grpo.masked_mean(-kl_BT, mask_BT)
   elif objective == "full_vocab":
-    kl_BT = full_vocab_kl(student_logits_BTV, teacher_logits_BTV, impl=impl, mesh=mesh,
-                          block_sizes=block_sizes, chunk_tokens=chunk_tokens)
+    kl_BT = _exact_kl(reverse_kl, student_logits_BTV, teacher_logits_BTV)
     loss = aggregate(kl_BT, mask_BT, **agg)
   else:
     kl_BT = top_k_kl(student_logits_BTV, teacher_logits_BTV, k=top_k)
     loss = aggregate(kl_BT, mask_BT, **agg)
     s = sg(student_logits_BTV)
-    full_BT = full_vocab_kl(s, sg(teacher_logits_BTV), impl=impl, mesh=mesh,
-                            block_sizes=block_sizes, chunk_tokens=chunk_tokens)
-    aux["reverse_kl_full"] = _masked_mean(full_BT, mask_BT)
+    full_BT = _exact_kl(reverse_kl, s, sg(teacher_logits_BTV))
+    aux["reverse_kl_full"] = grpo.masked_mean(full_BT, mask_BT)
     s32 = s.astype(_F32)
     mass_BT = jnp.exp(jax.nn.logsumexp(jax.lax.top_k(s32, top_k)[0], axis=-1)
                       - jax.nn.logsumexp(s32, axis=-1))
-    aux["top_k_mass"] = _masked_mean(mass_BT, mask_BT)
+    aux["top_k_mass"] = grpo.masked_mean(mass_BT, mask_BT)
   valid = mask_BT > 0
   nan = jnp.array(jnp.nan, _F32)
   aux.update(
       loss=sg(loss),
-      reverse_kl=_masked_mean(sg(kl_BT), mask_BT),
-      student_logp=nan if student_logp_BT is None else _masked_mean(sg(student_logp_BT),
-                                                                     mask_BT),
-      teacher_logp=nan if teacher_logp_BT is None else _masked_mean(sg(teacher_logp_BT),
-                                                                    mask_BT),
+      reverse_kl=grpo.masked_mean(sg(kl_BT), mask_BT),
+      student_logp=(nan if student_logp_BT is None
+                    else grpo.masked_mean(sg(student_logp_BT), mask_BT)),
+      teacher_logp=(nan if teacher_logp_BT is None
+                    else grpo.masked_mean(sg(teacher_logp_BT), mask_BT)),
       num_valid_tokens=jnp.sum(valid).astype(_F32),
       num_sequences=jnp.sum(jnp.any(valid, axis=1)).astype(_F32),
   )

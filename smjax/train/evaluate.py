@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from smjax.rollout import Sampler
-from smjax.train.batching import decode_completions, encode_prompt
+from smjax.batch import decode_completions, encode_prompt
 
 
 class Evaluator:

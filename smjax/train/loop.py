@@ -1,18 +1,25 @@
-"""Host loops: supervised warm-up (SFT), GRPO and on-policy distillation (OPD) runs.
+"""Host loops: `run_sft` (supervised warm-up) and `run_rl` (GRPO or on-policy distillation).
 
-One RL loop serves both algorithms: sample with the policy → (GRPO) verify and reward, optional
-reference forward / (OPD) route each row to its domain's teacher → one jitted update. Every program
-that ran is added to the run's FLOP ledger; held-out evaluation runs every `eval_every_steps` steps
-and whenever the cumulative training FLOPs cross a multiple of `eval_every_flops`, giving the
-accuracy-vs-FLOPs curve. Metrics go to TensorBoard and metrics.jsonl, with a progress bar.
+One RL iteration: sample a group per prompt with the policy (`rollout`) → verify → build the
+step's batch (`grpo_batch`: rewards, and the reference's log-probs when the KL is on; `opd_batch`:
+each row scored by its domain's teacher) → one jitted update. Those two batch builders are the
+only algorithm-specific pieces; `run_rl` takes one of them as `make_batch`.
 
-Metrics are fetched one step late, so the host prepares step t+1 while the device runs step t. A
-non-finite loss stops the run with a FloatingPointError naming the phase and step.
+Every program that ran is added to the run's FLOP ledger; held-out evaluation runs every
+`eval_every_steps` steps and whenever the cumulative training FLOPs cross a multiple of
+`eval_every_flops`, giving the accuracy-vs-FLOPs curve. Metrics go to TensorBoard and
+metrics.jsonl, with a progress bar. Metrics are fetched one step late, so the host prepares step
+t+1 while the device runs step t. A non-finite step stops the run with a FloatingPointError naming
+the phase, the step and every guard that fired (`check_finite`).
+
+Legend (DESIGN.md §4): B rows, G samples per prompt, T target positions.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -20,67 +27,66 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from smjax.batch import decode_completions, encode_prompt, rollout_batch, sft_batch
+from smjax.flops import ProgramCall, shape_struct
 from smjax.ledger import FlopLedger
-from smjax.rollout import Sampler
+from smjax.models.transformer import ModelConfig, Transformer
+from smjax.rollout import RolloutResult, Sampler
 from smjax.train import steps as steps_lib
-from smjax.train.batching import decode_completions, encode_prompt, rollout_batch, sft_batch
 from smjax.train.metrics import MetricsWriter
+from smjax.train.score import target_logprobs
+from smjax.train.teachers import TeacherRouter
 
 
-@dataclasses.dataclass(frozen=True)
-class RLLoopConfig:
-  steps: int
-  prompts_per_step: int
-  samples_per_prompt: int
-  max_new_tokens: int
-  temperature: float = 1.0
-  top_k: int = 0
-  top_p: float = 1.0
-  eval_every_steps: int = 0
-  eval_every_flops: float = 0.0
-  log_every: int = 10
-  seed: int = 0
-  progress: bool = True
+# ------------------------------------------------------------------------------ host checks
 
-
-@dataclasses.dataclass
-class RunResult:
-  state: Any
-  ledger: FlopLedger
-  curve: list[dict]              # {"step", "flops", "accuracy": {domain: acc}, "mean", "length"}
-  last_metrics: dict
-
-
-def _to_host(metrics) -> dict[str, float]:
+def to_host(metrics) -> dict[str, float]:
   return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()}
 
 
-def _check_finite(phase: str, step: int, m: dict[str, float]) -> None:
-  if m.get("finite", 1.0) < 1.0 or not np.isfinite(m.get("loss", 0.0)):
-    raise FloatingPointError(
-        f"{phase}: step {step} produced a non-finite loss or gradient (loss={m.get('loss')}, "
-        f"grad_norm={m.get('grad_norm')}); the update was skipped and the run stopped. Lower the "
-        "learning rate or check the rewards/teacher log-probs for inf/NaN.")
+# Where each float input of a batch comes from: what to check when it is not finite.
+_PRODUCERS = {"old_logp_BT": "the sampler", "ref_logp_BT": "the reference model",
+              "rewards_B": "the verifier", "teacher_logp_BT": "the teacher's forward",
+              "teacher_logits_BTV": "the teacher's forward"}
 
+
+def check_finite(phase: str, step: int, m: dict[str, float]) -> None:
+  """FloatingPointError naming every guard of a non-finite step (smjax.train.steps)."""
+  if m.get("finite", 1.0) >= 1.0 and np.isfinite(m.get("loss", 0.0)):
+    return
+  fired = [k.partition("/")[2] for k, v in m.items() if k.startswith("finite/") and v < 1.0]
+  inputs = [k.partition(".")[2] for k in fired if k.startswith("batch.")]
+  msg = (f"{phase}: step {step} was not finite (loss={m.get('loss')}, grad_norm="
+         f"{m.get('grad_norm')}; non-finite: {', '.join(fired) or 'loss'}); the update was "
+         "skipped and the run stopped. ")
+  if inputs:
+    msg += "Non-finite inputs: " + "; ".join(f"batch.{k} (from {_PRODUCERS.get(k, 'the batch')})"
+                                             for k in inputs) + "."
+  else:
+    msg += ("The batch's inputs were finite, so the update itself diverged: lower the learning "
+            "rate (config.rl.learning_rate for GRPO phases, config.opd.learning_rate for OPD).")
+  raise FloatingPointError(msg)
+
+
+# ------------------------------------------------------------------------------------- SFT
 
 def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Iterator[Sequence],
             tokenizer, seq_len: int, num_steps: int, ledger: FlopLedger,
             writer: MetricsWriter | None = None, log_every: int = 50, progress: bool = True,
             evaluate: Callable | None = None, eval_every: int = 0, start_step: int = 0):
-  """Supervised warm-up on gold solutions. FLOPs go to `phase` (e.g. base/sft)."""
+  """Supervised warm-up on gold solutions. FLOPs go to `phase` (e.g. base/sft). Returns (state,
+  curve of {"step", "accuracy"} when `evaluate` is given every `eval_every` steps)."""
   pending, curve = None, []
   bar = tqdm(range(start_step, num_steps), desc=phase, disable=not progress, dynamic_ncols=True)
   for i in bar:
     examples = next(examples_iter)
     batch = sft_batch(tokenizer, [e.prompt for e in examples], [e.solution for e in examples],
                       seq_len=seq_len)
-    for call in step.program_calls(state, batch):
-      call.phase = phase
-      ledger.add(call, step=i)
+    ledger.add(steps_lib.step_program_calls(step, state, batch, phase=phase), step=i)
     state, metrics = step(state, batch)
     if pending is not None:
-      m = _to_host(pending[1])
-      _check_finite(phase, pending[0], m)
+      m = to_host(pending[1])
+      check_finite(phase, pending[0], m)
       if writer is not None and pending[0] % log_every == 0:
         writer.write(pending[0], m, flops=ledger.namespace_total(phase.partition("/")[0]))
       bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m.get('token_accuracy', 0):.2f}")
@@ -90,159 +96,242 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
       ledger.add(calls, step=i)
       curve.append({"step": i + 1, "accuracy": acc})
   if pending is not None:
-    _check_finite(phase, pending[0], _to_host(pending[1]))
+    check_finite(phase, pending[0], to_host(pending[1]))
   bar.close()
   return state, curve
 
 
-class RLRun:
-  """One GRPO or OPD run: `RLRun(...).run(state)`; see the module docstring."""
+# -------------------------------------------------------------------------- rollouts, batches
 
-  def __init__(self, *, name: str, algo: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
-               sampler: Sampler, tokenizer, prompts_iter: Iterator[Sequence],
-               verify: Callable[[Sequence, Sequence[str]], Sequence[float]],
-               evaluator=None, writer: MetricsWriter | None = None,
-               ledger: FlopLedger | None = None, ref_params=None, ref_fn=None, router=None,
-               flops_offset: float = 0.0, checkpoint_fn: Callable | None = None,
-               should_stop: Callable[[], bool] | None = None, pack: Callable | None = None):
-    if algo not in ("grpo", "opd"):
-      raise ValueError(f"RLRun: algo={algo!r}; expected 'grpo' or 'opd'")
-    if algo == "opd" and router is None:
-      raise ValueError("RLRun(algo='opd') needs a TeacherRouter")
-    if (ref_params is None) != (ref_fn is None):
-      raise ValueError("RLRun: pass both ref_params and ref_fn (GRPO with beta > 0) or neither")
-    self.name, self.algo, self.loop, self.step = name, algo, loop, step
-    self.sampler, self.tokenizer, self.prompts_iter, self.verify = (sampler, tokenizer,
-                                                                    prompts_iter, verify)
-    self.evaluator, self.writer = evaluator, writer
-    self.ledger = ledger if ledger is not None else FlopLedger()
-    self.ref_params, self.ref_fn, self.router = ref_params, ref_fn, router
-    self.flops_offset = flops_offset
-    self.checkpoint_fn, self.should_stop = checkpoint_fn, should_stop
-    self.pack = pack  # batch -> batch with its packed stream (scoring.with_packing), or None
-    self.curve: list[dict] = []
-    self.next_eval_flops = loop.eval_every_flops or float("inf")
+@dataclasses.dataclass
+class Rollout:
+  """One iteration's samples: G rows per prompt ([p0 x G, p1 x G, ...]), each row's example and
+  reward (1.0 = verified correct)."""
+  result: RolloutResult
+  examples: list                 # the example of each row
+  rewards_B: np.ndarray
 
-  # -------------------------------------------------------------------------------- pieces
-  def set_eval_interval(self, every_flops: float) -> None:
-    """Evaluate whenever cumulative training FLOPs cross a multiple of `every_flops` (0: off)."""
-    self.loop = dataclasses.replace(self.loop, eval_every_flops=every_flops)
-    self.next_eval_flops = every_flops or float("inf")
-    while self.next_eval_flops <= self.training_flops():
-      self.next_eval_flops += every_flops
 
-  def training_flops(self) -> float:
-    return self.flops_offset + self.ledger.total(training_only=True)
+def rollout(sampler: Sampler, params, examples: Sequence, *, tokenizer, verify, rng,
+            samples_per_prompt: int, temperature: float = 1.0, top_k: int = 0,
+            top_p: float = 1.0) -> tuple[Rollout, list[ProgramCall]]:
+  """Samples `samples_per_prompt` completions of each example's prompt and verifies them."""
+  prompts = [encode_prompt(tokenizer, e.prompt) for e in examples]
+  res = sampler.generate(params, prompts, rng, num_samples=samples_per_prompt,
+                         temperature=temperature, top_k=top_k, top_p=top_p)
+  rows = [e for e in examples for _ in range(samples_per_prompt)]
+  rewards = np.asarray(verify(rows, decode_completions(tokenizer, res)), np.float32)
+  return Rollout(res, rows, rewards), res.program_calls
 
-  def evaluate(self, state, step: int) -> dict:
-    acc, lengths, calls = self.evaluator(state.params)
-    self.ledger.add(calls, step=step)
-    point = {"step": step, "flops": self.training_flops(), "accuracy": acc,
+
+@dataclasses.dataclass(frozen=True)
+class BatchLayout:
+  """How `grpo_batch` / `opd_batch` lay out the step's batch (smjax.batch.Layout): each prompt
+  once per group of rows, completions packed, and the step's micro-batches (a packed batch
+  carries one plan row per micro-batch)."""
+  share_prompt: bool = True
+  packed: bool = False
+  micro_batches: int = 1
+
+
+@functools.lru_cache(maxsize=None)
+def logprob_program(cfg: ModelConfig):
+  """`(params, batch) -> logp_BT` of a model config, jitted once per config (every phase of a
+  study that scores with the same model shares its compiled programs)."""
+  return jax.jit(functools.partial(target_logprobs, Transformer(cfg)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Reference:
+  """The frozen reference model of GRPO's KL term: its log-probs on the policy's samples."""
+  cfg: ModelConfig
+  params: Any
+
+
+def grpo_batch(ro: Rollout, *, layout: BatchLayout = BatchLayout(),
+               reference: Reference | None = None):
+  """GRPO's step batch of a rollout: rewards, behaviour log-probs and, with `reference`, the
+  reference's log-probs. Returns (batch, program calls, host metrics)."""
+  batch = rollout_batch(ro.result, rewards_B=ro.rewards_B, share_prompt=layout.share_prompt,
+                        packed=layout.packed, micro_batches=layout.micro_batches)
+  calls = []
+  if reference is not None:
+    fn = logprob_program(reference.cfg)
+    batch = batch.replace(ref_logp_BT=fn(reference.params, batch))
+    calls.append(ProgramCall("train/reference", fn,
+                             (jax.tree.map(shape_struct, reference.params),
+                              jax.tree.map(shape_struct, batch))))
+  return batch, calls, {}
+
+
+def opd_batch(ro: Rollout, *, router: TeacherRouter, layout: BatchLayout = BatchLayout()):
+  """OPD's step batch of a rollout: each row scored by its domain's teacher (log-probs of the
+  sampled tokens, or logits for the full-vocab objectives). Returns (batch, program calls, host
+  metrics: rows per teacher)."""
+  batch = rollout_batch(ro.result, share_prompt=layout.share_prompt, packed=layout.packed,
+                        micro_batches=layout.micro_batches)
+  scores, calls, rows_per = router.score(batch, [e.domain for e in ro.examples])
+  field = "teacher_logits_BTV" if router.want_logits else "teacher_logp_BT"
+  batch = batch.replace(**{field: scores})
+  return batch, calls, {f"teacher_rows/{k}": v for k, v in rows_per.items()}
+
+
+def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
+  """Per-domain reward and completion length, the reward's spread and the share of groups whose
+  rewards are all equal (no GRPO signal)."""
+  out = {}
+  lengths = np.asarray(ro.result.lengths_B)
+  domains = np.array([e.domain for e in ro.examples])
+  for d in sorted(set(domains)):
+    sel = domains == d
+    out[f"reward/{d}"] = float(ro.rewards_B[sel].mean())
+    out[f"length/{d}"] = float(lengths[sel].mean())
+  groups = ro.rewards_B.reshape(-1, samples_per_prompt)
+  out["reward/mean"] = float(ro.rewards_B.mean())
+  out["reward/std"] = float(ro.rewards_B.std())
+  out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
+  return out
+
+
+# -------------------------------------------------------------------------------------- RL
+
+@dataclasses.dataclass(frozen=True)
+class RLLoopConfig:
+  steps: int
+  samples_per_prompt: int
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  eval_every_steps: int = 0
+  eval_every_flops: float = 0.0
+  log_every: int = 10
+  checkpoint_every: int = 0     # steps between `save` calls (the last step and a stop always save)
+  seed: int = 0
+  progress: bool = True
+
+  def __post_init__(self):
+    for name in ("steps", "samples_per_prompt", "log_every"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 1")
+    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 0 (0: off)")
+
+
+@dataclasses.dataclass
+class RLProgress:
+  """Where an RL run stands besides its train state: what a checkpoint saves and a resume
+  restores. `next_eval_flops`: the training FLOPs at which the next evaluation is due."""
+  step: int = 0
+  ledger: FlopLedger = dataclasses.field(default_factory=FlopLedger)
+  curve: list = dataclasses.field(default_factory=list)
+  next_eval_flops: float = math.inf
+
+
+@dataclasses.dataclass
+class RunResult:
+  state: Any
+  ledger: FlopLedger
+  curve: list[dict]              # {"step", "flops", "accuracy": {domain: acc}, "mean", "length"}
+  last_metrics: dict
+  stopped: bool = False          # `should_stop` ended the run early (after a save)
+
+
+def _next_eval(every: float, done_flops: float) -> float:
+  """The first multiple of `every` past `done_flops` (inf when `every` is 0)."""
+  if not every:
+    return math.inf
+  nxt = every
+  while nxt <= done_flops:
+    nxt += every
+  return nxt
+
+
+def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
+           make_batch: Callable, sampler: Sampler, tokenizer, prompts: Iterator[Sequence],
+           verify: Callable[[Sequence, Sequence[str]], Sequence[float]], evaluator=None,
+           writer: MetricsWriter | None = None, progress: RLProgress | None = None,
+           flops_offset: float = 0.0, fix_eval_every: Callable[[float], float] | None = None,
+           save: Callable[[int, Any, RLProgress], None] | None = None,
+           should_stop: Callable[[], bool] | None = None) -> RunResult:
+  """A GRPO or OPD run of `loop.steps` iterations from `state` (module docstring).
+
+  make_batch: `(Rollout) -> (batch, program calls, host metrics)`, e.g.
+    `functools.partial(grpo_batch, layout=...)` or `functools.partial(opd_batch, router=...)`.
+  evaluator: `params -> ({domain: acc}, {domain: length}, program calls)` (smjax.train.evaluate).
+  progress: a resumed run's ledger, curve and step (default: a fresh run from step 0).
+  flops_offset: training FLOPs spent before this run (an arm's earlier phases), for the grid.
+  fix_eval_every: when `loop.eval_every_flops` is 0, called once after the first step with its
+    training FLOPs; returns the FLOP interval of the evaluation grid from then on.
+  save: `(step, state, progress)`, every `loop.checkpoint_every` steps, at the end and on a stop.
+  should_stop: polled after every step (e.g. a SIGTERM flag); a stop saves and returns early.
+  """
+  prog = progress if progress is not None else RLProgress()
+  every = loop.eval_every_flops
+  if progress is None:
+    prog.next_eval_flops = every or math.inf
+  training = lambda: flops_offset + prog.ledger.total(training_only=True)
+
+  def evaluate(state, done: int) -> dict:
+    acc, lengths, calls = evaluator(state.params)
+    prog.ledger.add(calls, step=done)
+    point = {"step": done, "flops": training(), "accuracy": acc,
              "mean": float(np.mean(list(acc.values()))), "length": lengths}
-    self.curve.append(point)
-    if self.writer is not None:
-      self.writer.write(step, {f"heldout/{d}": a for d, a in acc.items()} |
-                        {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]})
+    prog.curve.append(point)
+    if writer is not None:
+      writer.write(done, {f"heldout/{d}": a for d, a in acc.items()} |
+                   {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]})
     return point
 
-  def _rollout(self, params, examples, step: int):
-    prompts = [encode_prompt(self.tokenizer, e.prompt) for e in examples]
-    rng = jax.random.fold_in(jax.random.key(self.loop.seed), step)
-    res = self.sampler.generate(params, prompts, rng, num_samples=self.loop.samples_per_prompt,
-                                temperature=self.loop.temperature, top_k=self.loop.top_k,
-                                top_p=self.loop.top_p)
-    self.ledger.add(res.program_calls, step=step)
-    G = self.loop.samples_per_prompt
-    rows = [e for e in examples for _ in range(G)]
-    texts = decode_completions(self.tokenizer, res)
-    rewards = np.asarray(self.verify(rows, texts), np.float32)
-    return res, rows, rewards
-
-  def _batch(self, res, rows, rewards, step: int):
-    batch = rollout_batch(res, rewards_B=rewards)
-    if self.pack is not None:
-      batch = self.pack(batch)
-    extra = {}
-    if self.algo == "grpo" and self.ref_fn is not None:
-      batch = batch.replace(ref_logp_BT=self.ref_fn(self.ref_params, batch))
-      call = self.ref_fn_call(batch)
-      self.ledger.add(call, step=step)
-    if self.algo == "opd":
-      scores, calls, rows_per = self.router.score(batch, [e.domain for e in rows])
-      self.ledger.add(calls, step=step)
-      if self.router.want_logits:
-        batch = batch.replace(teacher_logits_BTV=scores)
-      else:
-        batch = batch.replace(teacher_logp_BT=scores)
-      extra = {f"teacher_rows/{k}": v for k, v in rows_per.items()}
-    return batch, extra
-
-  def ref_fn_call(self, batch):
-    from smjax.flops import ProgramCall, shape_struct  # pylint: disable=import-outside-toplevel
-    return ProgramCall("train/reference", self.ref_fn,
-                       (jax.tree.map(shape_struct, self.ref_params),
-                        jax.tree.map(shape_struct, batch)))
-
-  def _domain_metrics(self, rows, rewards, res) -> dict[str, float]:
-    out = {}
-    lengths = np.asarray(res.lengths_B)
-    domains = np.array([e.domain for e in rows])
-    for d in sorted(set(domains)):
-      sel = domains == d
-      out[f"reward/{d}"] = float(rewards[sel].mean())
-      out[f"length/{d}"] = float(lengths[sel].mean())
-    G = self.loop.samples_per_prompt
-    groups = rewards.reshape(-1, G)
-    out["reward/mean"] = float(rewards.mean())
-    out["reward/std"] = float(rewards.std())
-    out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
-    return out
-
-  # ---------------------------------------------------------------------------------- loop
-  def run(self, state, *, start_step: int = 0) -> RunResult:
-    if self.evaluator is not None and start_step == 0 and not self.curve:
-      self.evaluate(state, 0)
-    pending, last = None, {}
-    bar = tqdm(range(start_step, self.loop.steps), desc=self.name,
-               disable=not self.loop.progress, dynamic_ncols=True, initial=start_step,
-               total=self.loop.steps)
-    for i in bar:
-      t0 = time.perf_counter()
-      examples = next(self.prompts_iter)
-      res, rows, rewards = self._rollout(state.params, examples, i)
-      batch, extra = self._batch(res, rows, rewards, i)
-      self.ledger.add(self.step.program_calls(state, batch), step=i)
-      state, metrics = self.step(state, batch)
-      host = self._domain_metrics(rows, rewards, res) | extra
-      if pending is not None:
-        last = self._finish(*pending, bar)
-      pending = (i, metrics, host, time.perf_counter() - t0)
-      done = i + 1
-      every = self.loop.eval_every_steps
-      due_steps = every and done % every == 0
-      due_flops = self.training_flops() >= self.next_eval_flops
-      if self.evaluator is not None and (due_steps or due_flops or done == self.loop.steps):
-        self.set_eval_interval(self.loop.eval_every_flops)
-        point = self.evaluate(state, done)
-        bar.set_postfix_str(f"heldout={point['mean']:.3f}")
-      if self.checkpoint_fn is not None:
-        stop = self.should_stop is not None and self.should_stop()
-        self.checkpoint_fn(self, state, done, force=stop or done == self.loop.steps)
-        if stop:
-          break
-    if pending is not None:
-      last = self._finish(*pending, bar)
-    bar.close()
-    return RunResult(state, self.ledger, self.curve, last)
-
-  def _finish(self, step, metrics, host, seconds, bar) -> dict:
-    m = _to_host(metrics)
-    _check_finite(self.name, step, m)
+  def finish(i, metrics, host, seconds) -> dict:
+    m = to_host(metrics)
+    check_finite(name, i, m)
     m |= host
     m["time/step_s"] = seconds
-    m["flops/training"] = self.training_flops()
-    if self.writer is not None and (step % self.loop.log_every == 0 or step == self.loop.steps - 1):
-      self.writer.write(step, m)
+    m["flops/training"] = training()
+    if writer is not None and (i % loop.log_every == 0 or i == loop.steps - 1):
+      writer.write(i, m)
     bar.set_postfix(reward=f"{m['reward/mean']:.2f}", loss=f"{m['loss']:.3f}",
                     step_s=f"{seconds:.2f}", refresh=False)
     return m
+
+  if evaluator is not None and prog.step == 0 and not prog.curve:
+    evaluate(state, 0)
+  pending, last, stopped = None, {}, False
+  bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not loop.progress,
+             dynamic_ncols=True, initial=prog.step, total=loop.steps)
+  for i in bar:
+    t0 = time.perf_counter()
+    rng = jax.random.fold_in(jax.random.key(loop.seed), i)
+    ro, calls = rollout(sampler, state.params, next(prompts), tokenizer=tokenizer, verify=verify,
+                        rng=rng, samples_per_prompt=loop.samples_per_prompt,
+                        temperature=loop.temperature, top_k=loop.top_k, top_p=loop.top_p)
+    prog.ledger.add(calls, step=i)
+    batch, calls, host = make_batch(ro)
+    prog.ledger.add(calls, step=i)
+    prog.ledger.add(steps_lib.step_program_calls(step, state, batch), step=i)
+    state, metrics = step(state, batch)
+    host = rollout_metrics(ro, loop.samples_per_prompt) | host
+    if pending is not None:
+      last = finish(*pending)
+    pending = (i, metrics, host, time.perf_counter() - t0)
+    done = prog.step = i + 1
+    due_steps = loop.eval_every_steps and done % loop.eval_every_steps == 0
+    if evaluator is not None and (due_steps or training() >= prog.next_eval_flops
+                                  or done == loop.steps):
+      prog.next_eval_flops = _next_eval(every, training())
+      point = evaluate(state, done)
+      bar.set_postfix_str(f"heldout={point['mean']:.3f}")
+    if done == 1 and not every and fix_eval_every is not None:
+      every = fix_eval_every(prog.ledger.total(training_only=True))
+      prog.next_eval_flops = _next_eval(every, training())
+    stopped = should_stop is not None and should_stop()
+    if save is not None and (stopped or done == loop.steps or
+                             (loop.checkpoint_every and done % loop.checkpoint_every == 0)):
+      save(done, state, prog)
+    if stopped:
+      break
+  if pending is not None:
+    last = finish(*pending)
+  bar.close()
+  return RunResult(state, prog.ledger, prog.curve, last, stopped)

@@ -47,11 +47,3 @@ class MetricsWriter:
 
   def __exit__(self, *exc):
     self.close()
-
-
-def read_jsonl(path: str) -> list[dict]:
-  """The rows of a metrics.jsonl file (a missing file reads as no rows)."""
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]

@@ -1,59 +1,46 @@
-"""Pure jitted steps: `step(state, batch) -> (state, metrics)` for SFT, GRPO and OPD.
+"""The train steps' public API: losses of a `SequenceBatch`, and `step(state, batch) -> (state,
+metrics)` jitted once.
 
-A batch is a `SequenceBatch`: full sequences (left-padded prompt + completion) and, aligned to the
-*targets* `tokens_BS[:, 1:]`, a loss mask and whatever per-token inputs the objective needs
-(behaviour, reference or teacher log-probs). Logits at position s predict token s + 1, so every
-per-token array has T = S - 1 columns.
+Losses (`sft_loss`, `grpo_loss`, `opd_loss`) are `loss(model, params, batch, counts, ...) ->
+(loss, aux)`: they score the batch by its layout (smjax.train.score) and call the array cores in
+smjax/rl through the one kernel dispatch (smjax.kernels.dispatch). `counts` are the whole batch's
+token and sequence counts (`token_counts`), so a micro-batch's loss is its share of the full
+batch's.
 
-Micro-batching: with `micro_batches > 1` the batch is split on its leading axis (whole GRPO groups
-per micro-batch) and gradients are accumulated in a `lax.scan`; the losses take the whole batch's
-token and sequence counts, so the accumulated gradient equals the full-batch gradient. Because XLA
-counts a scan body once, `step_program_calls` reports the step program plus (micro_batches - 1)
-calls of the micro-batch gradient program for the FLOP ledger.
+`train_step(loss_fn, tx, ...)` makes the step; `jit_step` jits it once with donated state and
+explicit shardings; `step_program_calls` says what the FLOP ledger adds for one call.
 
-Which positions the losses score (`logits_to_keep`: the completion columns only;
-`shared_prompt_rows`: each prompt's forward once per block of rows) is `smjax.train.scoring`.
+Micro-batching: with `micro_batches > 1` the batch is split on its leading axis (whole prompt
+blocks per micro-batch; a packed batch carries one plan row per micro-batch) and gradients are
+accumulated in a `lax.scan`. Because XLA counts a scan body once, `step_program_calls` reports the
+step program plus (micro_batches - 1) calls of the micro-batch gradient program.
 
-A step whose loss or gradient is not finite leaves the state unchanged and reports `finite = 0`;
-the host loop stops the run with a message naming the step (see loop.py).
+A step whose loss or gradient is not finite leaves the state unchanged and reports `finite = 0`,
+with a `finite/<what>` flag for the loss, the gradient norm and each float input of the batch, so
+the host can say which one it was (smjax.train.loop).
 
-Legend: B rows, S sequence length, T = S - 1 target positions (inside the losses: the last
-`logits_to_keep` of them, when set), V vocab, D model dim.
+Legend (DESIGN.md §4): B rows, G group size, C completion length (the scored window),
+T = S - 1 target positions, V vocab.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
+from smjax.batch import SequenceBatch
 from smjax.flops import ProgramCall, shape_struct
+from smjax.kernels import dispatch
 from smjax.models.transformer import Transformer
-from smjax import sharded_kernels
 from smjax.rl import grpo as grpo_lib
 from smjax.rl import opd as opd_lib
-from smjax.rl.logprobs import token_logprobs
-from smjax.train import scoring
+from smjax.train.score import score
 from smjax.train.state import TrainState
-
-
-@flax.struct.dataclass
-class SequenceBatch:
-  tokens_BS: jax.Array
-  positions_BS: jax.Array
-  attn_mask_BS: jax.Array           # real (non-pad) tokens
-  loss_mask_BT: jax.Array           # completion targets, aligned to tokens_BS[:, 1:]
-  old_logp_BT: jax.Array | None = None      # behaviour log-probs (sampler, temperature 1)
-  ref_logp_BT: jax.Array | None = None      # reference model (GRPO KL)
-  rewards_B: jax.Array | None = None        # GRPO
-  teacher_logp_BT: jax.Array | None = None  # OPD "sampled"
-  teacher_logits_BTV: jax.Array | None = None  # OPD "full_vocab" / "top_k"
-  # The packed completion stream [micro_batches, Tp] (scoring.with_packing; None: run padded).
-  pack_src_MT: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +54,15 @@ class GRPOConfig:
   aggregation: str = "token_mean"
   max_len: int | None = None         # seq_mean_token_sum_norm constant (default: T)
   micro_batches: int = 1
-  impl: str = "auto"                 # group-advantage kernel dispatch
-  logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
-  shared_prompt_rows: int = 1        # rows per prompt whose forward runs once (docstring; 1: off)
+  impl: str = "auto"                 # group-advantage kernel (smjax.kernels.dispatch)
+
+  def __post_init__(self):
+    _check_choice("GRPOConfig.advantage_mode", self.advantage_mode, grpo_lib.ADVANTAGE_MODES)
+    _check_choice("GRPOConfig.kl_estimator", self.kl_estimator, grpo_lib.KL_ESTIMATORS)
+    _check_choice("GRPOConfig.aggregation", self.aggregation, grpo_lib.AGGREGATIONS)
+    _check_choice("GRPOConfig.impl", self.impl, dispatch.IMPLS)
+    if self.micro_batches < 1:
+      raise ValueError(f"GRPOConfig.micro_batches={self.micro_batches} must be >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,70 +73,86 @@ class OPDConfig:
   eps_high: float = 0.28
   top_k: int = 16
   micro_batches: int = 1
-  impl: str = "auto"                 # reverse-KL kernel dispatch
-  logits_to_keep: int | None = None  # LM head on the last k target positions only (docstring)
-  shared_prompt_rows: int = 1        # rows per prompt whose forward runs once (docstring; 1: off)
+  impl: str = "auto"                 # reverse-KL kernel (smjax.kernels.dispatch)
+
+  def __post_init__(self):
+    _check_choice("OPDConfig.objective", self.objective, opd_lib.OBJECTIVES)
+    _check_choice("OPDConfig.aggregation", self.aggregation, grpo_lib.AGGREGATIONS)
+    _check_choice("OPDConfig.impl", self.impl, dispatch.IMPLS)
+    if self.micro_batches < 1:
+      raise ValueError(f"OPDConfig.micro_batches={self.micro_batches} must be >= 1")
+
+
+def _check_choice(field: str, value, choices) -> None:
+  if value not in choices:
+    raise ValueError(f"{field}={value!r}; expected one of {tuple(choices)}")
 
 
 # ------------------------------------------------------------------------------------- losses
 
-def _sft_loss(model, params, batch: SequenceBatch, counts):
-  logits = scoring.forward_logits(model, params, batch)
-  logp = token_logprobs(logits, batch.tokens_BS[:, 1:])
-  mask = batch.loss_mask_BT.astype(jnp.float32)
-  loss = -jnp.sum(logp * mask) / counts["tokens"]
-  correct = (jnp.argmax(logits, -1) == batch.tokens_BS[:, 1:]).astype(jnp.float32)
-  # A micro-batch mean, like the RL losses' metrics (the step averages them over micro-batches).
-  return loss, {"token_accuracy": jnp.sum(correct * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
-
-
-def _grpo_loss(cfg: GRPOConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  keep = scoring.keep_width(cfg.logits_to_keep, batch, "GRPOConfig")
-  logp, entropy_BT, _, win, _, guards = scoring.window_scores(model, params, batch, keep,
-                                                              cfg.shared_prompt_rows)
-  loss, aux = sharded_kernels.grpo_loss_from_rewards(
-      logp, win.old_logp_BT, win.ref_logp_BT if cfg.beta else None, win.rewards_B,
-      win.loss_mask_BT, group_size=cfg.group_size, advantage_mode=cfg.advantage_mode,
-      eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
-      aggregation=cfg.aggregation, max_len=cfg.max_len or batch.loss_mask_BT.shape[1],
-      num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
-      mesh=mesh)
-  aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return scoring.guard_window(loss, aux, batch, keep, guards)
-
-
-def _opd_loss(cfg: OPDConfig, model, params, batch: SequenceBatch, counts, mesh=None):
-  keep = scoring.keep_width(cfg.logits_to_keep, batch, "OPDConfig")
-  logp, entropy_BT, logits, win, targets, guards = scoring.window_scores(
-      model, params, batch, keep, cfg.shared_prompt_rows, logits=cfg.objective != "sampled")
-  # max_len: the full T, whatever the kept window (seq_mean_token_sum_norm's constant).
-  kw = dict(mask_BT=win.loss_mask_BT, aggregation=cfg.aggregation,
-            num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"],
-            max_len=batch.loss_mask_BT.shape[1], eps_low=cfg.eps_low, eps_high=cfg.eps_high,
-            top_k=cfg.top_k, impl=cfg.impl, mesh=mesh)
-  if cfg.objective == "sampled":
-    loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=logp, old_logp_BT=win.old_logp_BT,
-                                 teacher_logp_BT=win.teacher_logp_BT, **kw)
-  else:
-    loss, aux = opd_lib.opd_loss(cfg.objective, student_logits_BTV=logits, student_logp_BT=logp,
-                                 teacher_logits_BTV=win.teacher_logits_BTV, tokens_BT=targets,
-                                 **kw)
-  aux = dict(aux, entropy=grpo_lib.masked_mean(entropy_BT, win.loss_mask_BT))
-  return scoring.guard_window(loss, aux, batch, keep, guards)
-
-
-# -------------------------------------------------------------------------------------- steps
-
-def _counts(batch: SequenceBatch):
+def token_counts(batch: SequenceBatch) -> dict[str, jax.Array]:
+  """The whole batch's loss-mask tokens and scored sequences (each at least 1): the normalisers
+  every micro-batch's loss divides by."""
   mask = batch.loss_mask_BT.astype(jnp.float32)
   return {"tokens": jnp.maximum(jnp.sum(mask), 1.0),
           "sequences": jnp.maximum(jnp.sum(jnp.any(batch.loss_mask_BT, axis=1)), 1.0)}
 
 
-def _split(batch, n: int):
+def sft_loss(model: Transformer, params, batch: SequenceBatch, counts):
+  """Token-mean negative log-likelihood of the loss-mask targets; aux: token_accuracy (argmax)."""
+  s = score(model, params, batch, entropy=False, logits=True)
+  mask = batch.scored(batch.loss_mask_BT).astype(jnp.float32)
+  loss = -jnp.sum(s.logp_BC * mask) / counts["tokens"]
+  correct = (jnp.argmax(s.logits_BCV, -1) == s.targets_BC).astype(jnp.float32)
+  # A micro-batch mean, like the RL losses' metrics (the step averages them over micro-batches).
+  return loss, {"token_accuracy": jnp.sum(correct * mask) / jnp.maximum(jnp.sum(mask), 1.0)}
+
+
+def grpo_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: GRPOConfig,
+              mesh=None):
+  """The GRPO loss (DESIGN.md §5) of a batch with rewards_B and old_logp_BT (and ref_logp_BT
+  when cfg.beta > 0). `mesh`: where the step runs sharded (the Pallas loss kernel then runs per
+  device under shard_map; None: the mesh set by jax.set_mesh, if any)."""
+  s = score(model, params, batch)
+  mask_BC = batch.scored(batch.loss_mask_BT)
+  loss, aux = dispatch.grpo_loss_from_rewards(
+      s.logp_BC, batch.scored(batch.old_logp_BT),
+      batch.scored(batch.ref_logp_BT) if cfg.beta else None, batch.rewards_B, mask_BC,
+      group_size=cfg.group_size, advantage_mode=cfg.advantage_mode, eps_low=cfg.eps_low,
+      eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
+      aggregation=cfg.aggregation, max_len=cfg.max_len or batch.loss_mask_BT.shape[1],
+      num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
+      mesh=mesh)
+  return loss, dict(aux, entropy=grpo_lib.masked_mean(s.entropy_BC, mask_BC))
+
+
+def opd_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: OPDConfig,
+             mesh=None):
+  """The on-policy distillation loss (DESIGN.md §5) of a batch with the teacher's scores
+  (teacher_logp_BT for "sampled", teacher_logits_BTV otherwise) and old_logp_BT."""
+  s = score(model, params, batch, logits=cfg.objective != "sampled")
+  mask_BC = batch.scored(batch.loss_mask_BT)
+  # max_len: the full T, whatever the scored window (seq_mean_token_sum_norm's constant).
+  kw = dict(mask_BT=mask_BC, aggregation=cfg.aggregation, num_valid_tokens=counts["tokens"],
+            num_sequences=counts["sequences"], max_len=batch.loss_mask_BT.shape[1],
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, top_k=cfg.top_k,
+            reverse_kl=functools.partial(dispatch.reverse_kl, impl=cfg.impl, mesh=mesh))
+  if cfg.objective == "sampled":
+    loss, aux = opd_lib.opd_loss("sampled", student_logp_BT=s.logp_BC,
+                                 old_logp_BT=batch.scored(batch.old_logp_BT),
+                                 teacher_logp_BT=batch.scored(batch.teacher_logp_BT), **kw)
+  else:
+    loss, aux = opd_lib.opd_loss(cfg.objective, student_logits_BTV=s.logits_BCV,
+                                 student_logp_BT=s.logp_BC,
+                                 teacher_logits_BTV=batch.scored(batch.teacher_logits_BTV),
+                                 tokens_BT=s.targets_BC, **kw)
+  return loss, dict(aux, entropy=grpo_lib.masked_mean(s.entropy_BC, mask_BC))
+
+
+# -------------------------------------------------------------------------------------- steps
+
+def _split(batch: SequenceBatch, n: int) -> SequenceBatch:
   def split(x):
-    if x is None:
-      return None
     if x.shape[0] % n:
       raise ValueError(f"batch rows {x.shape[0]} are not divisible by micro_batches={n}")
     return x.reshape((n, x.shape[0] // n) + x.shape[1:])
@@ -167,6 +176,20 @@ def _accumulate_grads(loss_fn, params, batch, counts, micro_batches: int):
   return loss, jax.tree.map(lambda x: jnp.mean(x, axis=0), aux), grads
 
 
+_INPUTS = ("old_logp_BT", "ref_logp_BT", "rewards_B", "teacher_logp_BT", "teacher_logits_BTV")
+
+
+def _finite_flags(loss, grad_norm, batch: SequenceBatch) -> dict[str, jax.Array]:
+  """{what: all finite} for the loss, the gradient norm and each float input of the batch: the
+  guards a non-finite step's error names (smjax.train.loop.check_finite)."""
+  flags = {"loss": jnp.isfinite(loss), "grad_norm": jnp.isfinite(grad_norm)}
+  for name in _INPUTS:
+    x = getattr(batch, name)
+    if x is not None:
+      flags[f"batch.{name}"] = jnp.all(jnp.isfinite(x))
+  return flags
+
+
 @dataclasses.dataclass(frozen=True)
 class StepDef:
   """An un-jitted step and the loss it differentiates (kept for the micro-batch FLOP program)."""
@@ -175,16 +198,18 @@ class StepDef:
   micro_batches: int = 1
 
 
-def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
+def train_step(loss_fn: Callable, tx: optax.GradientTransformation, *, micro_batches: int = 1,
                lr_schedule=None) -> StepDef:
+  """`step(state, batch) -> (state, metrics)` minimising `loss_fn(params, batch, counts)`."""
   if micro_batches < 1:
     raise ValueError(f"{micro_batches=} must be >= 1")
 
   def step(state: TrainState, batch: SequenceBatch):
-    counts = _counts(batch)
+    counts = token_counts(batch)
     loss, aux, grads = _accumulate_grads(loss_fn, state.params, batch, counts, micro_batches)
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    flags = _finite_flags(loss, grad_norm, batch)
+    finite = flags["loss"] & flags["grad_norm"]
 
     def apply(_):
       # grad_norm=: smjax's clip (state.clip_by_global_norm) reuses this norm instead of taking
@@ -194,8 +219,7 @@ def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
       return optax.apply_updates(state.params, updates), new_opt
 
     # A non-finite step leaves parameters and optimiser state as they were. A cond, not a select
-    # of new against old: the select made XLA copy every donated parameter and Adam moment first
-    # (~4 % of a small GRPO step on CPU).
+    # of new against old: the select made XLA copy every donated parameter and Adam moment first.
     new_params, new_opt = jax.lax.cond(finite, apply,
                                        lambda _: (state.params, state.opt_state), None)
     new_state = TrainState(step=state.step + finite.astype(jnp.int32), params=new_params,
@@ -203,6 +227,7 @@ def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
     metrics = dict(aux, loss=loss, grad_norm=grad_norm, finite=finite.astype(jnp.float32),
                    response_length=jnp.sum(batch.loss_mask_BT) / jnp.maximum(
                        jnp.sum(jnp.any(batch.loss_mask_BT, axis=1)), 1))
+    metrics.update({f"finite/{k}": v.astype(jnp.float32) for k, v in flags.items()})
     if lr_schedule is not None:
       metrics["learning_rate"] = lr_schedule(state.step)
     return new_state, metrics
@@ -210,30 +235,28 @@ def _make_step(loss_fn, tx: optax.GradientTransformation, micro_batches: int,
 
 
 def make_sft_step(model: Transformer, tx, *, micro_batches: int = 1, lr_schedule=None) -> StepDef:
-  return _make_step(lambda p, b, c: _sft_loss(model, p, b, c), tx, micro_batches, lr_schedule)
+  return train_step(functools.partial(sft_loss, model), tx, micro_batches=micro_batches,
+                    lr_schedule=lr_schedule)
 
 
 def make_grpo_step(model: Transformer, tx, cfg: GRPOConfig, *, lr_schedule=None,
                    mesh=None) -> StepDef:
-  """`mesh`: where the step runs sharded, so the Pallas loss kernel runs per device under
-  shard_map (smjax.sharded_kernels); None means the mesh set by jax.set_mesh, if any."""
-  return _make_step(lambda p, b, c: _grpo_loss(cfg, model, p, b, c, mesh), tx, cfg.micro_batches,
-                    lr_schedule)
+  """`mesh`: where the step runs sharded (see `grpo_loss`)."""
+  return train_step(functools.partial(grpo_loss, model, cfg=cfg, mesh=mesh), tx,
+                    micro_batches=cfg.micro_batches, lr_schedule=lr_schedule)
 
 
 def make_opd_step(model: Transformer, tx, cfg: OPDConfig, *, lr_schedule=None,
                   mesh=None) -> StepDef:
-  if cfg.objective not in opd_lib.OBJECTIVES:
-    raise ValueError(f"OPDConfig.objective={cfg.objective!r}; expected one of {opd_lib.OBJECTIVES}")
-  return _make_step(lambda p, b, c: _opd_loss(cfg, model, p, b, c, mesh), tx, cfg.micro_batches,
-                    lr_schedule)
+  return train_step(functools.partial(opd_loss, model, cfg=cfg, mesh=mesh), tx,
+                    micro_batches=cfg.micro_batches, lr_schedule=lr_schedule)
 
 
 # ----------------------------------------------------------------------------- jit + flops
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class JittedStep:
-  """A step jitted once with donated state and explicit shardings, and its FLOP reporting."""
+  """A step jitted once with donated state and explicit shardings (`jit_step`)."""
   fn: Callable
   phase: str = "train/policy"
   micro_batches: int = 1
@@ -241,21 +264,6 @@ class JittedStep:
 
   def __call__(self, state, batch):
     return self.fn(state, batch)
-
-  def program_calls(self, state, batch) -> list[ProgramCall]:
-    """The step program once, plus (micro_batches - 1) micro-batch gradient programs: XLA counts
-    the accumulation scan's body once, the ledger needs it micro_batches times."""
-    args = jax.tree.map(shape_struct, (state, batch))
-    calls = [ProgramCall(self.phase, self.fn, args, calls=1)]
-    if self.micro_batches > 1:
-      micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-          (x.shape[0] // self.micro_batches,) + x.shape[1:], x.dtype), batch)
-      counts = {"tokens": jax.ShapeDtypeStruct((), jnp.float32),
-                "sequences": jax.ShapeDtypeStruct((), jnp.float32)}
-      calls.append(ProgramCall(self.phase, self.micro_fn,
-                               (jax.tree.map(shape_struct, state.params), micro, counts),
-                               calls=self.micro_batches - 1))
-    return calls
 
 
 def jit_step(step_def: StepDef, *, state_shardings=None, batch_sharding=None,
@@ -281,3 +289,22 @@ def jit_step(step_def: StepDef, *, state_shardings=None, batch_sharding=None,
   micro_fn = jax.jit(lambda params, micro, counts: jax.value_and_grad(
       lambda p: loss_fn(p, micro, counts), has_aux=True)(params))
   return JittedStep(jax.jit(step_def.step, **kw), phase, step_def.micro_batches, micro_fn)
+
+
+def step_program_calls(step: JittedStep, state, batch: SequenceBatch, *,
+                       phase: str | None = None) -> list[ProgramCall]:
+  """What one call of `step` adds to the FLOP ledger (under `phase`, default the step's): the
+  step program once, plus (micro_batches - 1) micro-batch gradient programs, because XLA counts
+  the accumulation scan's body once."""
+  phase = phase or step.phase
+  args = jax.tree.map(shape_struct, (state, batch))
+  calls = [ProgramCall(phase, step.fn, args, calls=1)]
+  if step.micro_batches > 1:
+    micro = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        (x.shape[0] // step.micro_batches,) + x.shape[1:], x.dtype), batch)
+    counts = {"tokens": jax.ShapeDtypeStruct((), jnp.float32),
+              "sequences": jax.ShapeDtypeStruct((), jnp.float32)}
+    calls.append(ProgramCall(phase, step.micro_fn,
+                             (jax.tree.map(shape_struct, state.params), micro, counts),
+                             calls=step.micro_batches - 1))
+  return calls

@@ -1,6 +1,6 @@
 """The study's report: per-arm tables, FLOPs to matched accuracy, savings, JSON/CSV and a plot.
 
-Input is one `ArmResult` per arm and seed (what experiment.py produces). Every figure is computed
+Input is one `ArmResult` per arm and seed (what smjax.study.run produces). Every figure is computed
 here from the arms' FLOP ledgers and accuracy-vs-FLOPs curves:
 
 - final held-out accuracy per domain and its mean (greedy pass@1 on the fixed held-out set);

@@ -1,11 +1,12 @@
-"""The one schema of a study config: every field experiment.py reads is declared (and documented) here.
+"""The one schema of a study config: every field a study reads is declared (and documented) here.
 
 Sequences are tuples (ml_collections overrides them from the command line as
 `--config.domains="('math', 'code')"`; lists cannot be overridden).
 
 Config files in configs/ start from `study_defaults()` and change values; the dict is locked, so an
 unknown field or a misspelt `--config.x=...` override is an error naming the field. `validate`
-checks values before anything runs.
+checks values before anything runs. Which fields each phase reads is declared beside the phase
+(smjax.study.phases), and decides when a finished phase may be reused (smjax.study.store).
 """
 
 from __future__ import annotations
@@ -18,38 +19,6 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # run as separate processes into one workdir (see README), then one run with every seed reports.
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report",
                       "eval.batch_size", "seeds", "phases")
-
-
-# Config sections a phase's result does not depend on (besides RUN_NEUTRAL_FIELDS): a finished
-# phase is reused when only these differ, so e.g. lengthening MOPD reuses the base and the experts.
-_LATER = ("joint", "experts", "mopd", "external", "self_teacher")
-# Every RL field but rl.max_new_tokens, which also sets the evaluation sampler's length.
-_RL_TRAINING = tuple(f"rl.{k}" for k in (
-    "prompts_per_step", "samples_per_prompt", "temperature", "learning_rate", "warmup_steps",
-    "clip_norm", "advantage_mode", "eps_low", "eps_high", "beta", "kl_estimator", "aggregation",
-    "micro_batches", "impl", "shared_prompt", "pack_completions"))
-PHASE_INDEPENDENT_FIELDS = {
-    "base": _LATER + _RL_TRAINING + ("opd",),
-    "joint_grpo": ("experts", "mopd", "external", "self_teacher", "opd"),
-    "expert_": ("joint", "mopd", "external", "self_teacher", "opd"),
-    "mopd": ("joint", "external", "self_teacher"),
-    "external_teacher": ("joint", "experts", "mopd", "self_teacher", "opd", "external.steps")
-                        + _RL_TRAINING,
-    "external_opd": ("joint", "experts", "mopd", "self_teacher"),
-    # The self-teacher arms start from joint GRPO's final model (degrade) and its descendants.
-    "degrade": ("experts", "mopd", "external", "opd", "self_teacher.eval_refine"),
-    "recover_self": ("experts", "mopd", "external"),
-    "recover_grpo": ("experts", "mopd", "external", "opd"),
-    "recover_external": ("experts", "mopd", "external.steps"),
-}
-
-
-def phase_independent_fields(phase: str) -> tuple[str, ...]:
-  """RUN_NEUTRAL_FIELDS plus the sections `phase` (a phase directory name) does not read."""
-  for prefix, fields in PHASE_INDEPENDENT_FIELDS.items():
-    if phase == prefix or (prefix.endswith("_") and phase.startswith(prefix)):
-      return RUN_NEUTRAL_FIELDS + fields
-  return RUN_NEUTRAL_FIELDS
 
 
 def study_defaults() -> mlc.ConfigDict:
@@ -87,9 +56,9 @@ def study_defaults() -> mlc.ConfigDict:
 
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   # shared_prompt: the step runs each prompt's forward once for its samples_per_prompt rows (as
-  # the sampler's prefill does); the same update with fewer FLOPs (smjax.train.scoring).
+  # the sampler's prefill does); the same update with fewer FLOPs (smjax.train.score).
   # pack_completions: the step (and the reference; in OPD the teachers) run the completions as
-  # one stream without their padding (scoring.with_packing); the same update with fewer FLOPs,
+  # one stream without their padding (smjax.batch.pack); the same update with fewer FLOPs,
   # one compiled step per stream length (rounded up to an eighth of the completion columns).
   c.rl = mlc.ConfigDict(dict(
       prompts_per_step=16, samples_per_prompt=8, max_new_tokens=12, temperature=1.0,
@@ -210,9 +179,9 @@ def check_lengths(config, tokenizer, model_cfg, heldout) -> None:
   """Prompt + completion must fit max_seq_len, or the sampler refuses the prompt: checked at start
   on the held-out prompts (the first evaluation samples them), not at that evaluation.
 
-  `heldout`: {domain: [Example]}; `tokenizer`, `model_cfg`: the study's (SeedContext)."""
+  `heldout`: {domain: [Example]}; `tokenizer`, `model_cfg`: the study's (smjax.study.shared)."""
   from smjax.models.presets import get_preset  # pylint: disable=import-outside-toplevel
-  from smjax.train.batching import encode_prompt  # pylint: disable=import-outside-toplevel
+  from smjax.batch import encode_prompt  # pylint: disable=import-outside-toplevel
   longest = max((len(encode_prompt(tokenizer, e.prompt)) for ex in heldout.values() for e in ex),
                 default=1)
   T, m = config.rl.max_new_tokens, config.model

@@ -1,27 +1,37 @@
-"""The Pallas loss kernels on a device mesh: `jax.shard_map` over the batch axes, else plain XLA.
+"""Which implementation of each loss kernel runs: decided here and only here.
 
-XLA's SPMD partitioner does not partition a `pallas_call`: under plain `jit` with row-sharded
-inputs the kernel's operands are gathered onto every device and each device computes the whole
-batch (or the compile fails). The two kernels' `impl="auto"` picks Pallas on TPU/GPU, so a step on
-a multi-device mesh calls them through this module, which has the same signatures as
-`smjax.rl.grpo.grpo_loss_from_rewards` and `smjax.kernels.reverse_kl.reverse_kl` plus `mesh=`:
+`resolve_impl(impl)` turns "auto" into "pallas" on TPU/GPU and "xla" on CPU. The two public losses
+take `impl=` and `mesh=` and run:
 
-- `grpo_loss_from_rewards`: each device runs the fused kernel on its rows (rows split over the
-  batch axes, replicated over "tensor"). Group advantages need a row's whole group on its device,
-  so the rows a device holds must be a multiple of `group_size` (rows are ordered [prompt0 x G,
-  prompt1 x G, ...] and split contiguously). The loss is normalised by the *global* token and
-  sequence counts (computed before the shard_map, as for gradient accumulation) and summed with
-  `psum`; every metric is combined exactly (sums, token-weighted means, max/min, mean/std over
-  rows), so the result equals the one-device kernel. If the rows do not divide that way the XLA
-  path runs instead (XLA partitions it) and a note is logged once per shape.
-- `reverse_kl`: per-token, so each device runs the kernel on its rows and, where T divides the
+- `grpo_loss_from_rewards`: the fused Pallas kernel (kernels/group_advantage.py) or the plain XLA
+  path (smjax.rl.grpo, whose block functions the kernel also runs);
+- `reverse_kl`: the fused Pallas kernel or the token-chunked XLA path (kernels/reverse_kl.py). The
+  OPD loss takes its per-token KL as an argument, so a step passes
+  `functools.partial(dispatch.reverse_kl, impl=..., mesh=...)` to smjax.rl.opd.opd_loss.
+
+smjax.rl never imports this module (nor any kernel): the loss math does not know which kernel runs.
+
+On a device mesh a kernel runs under `jax.shard_map` over the batch axes, because XLA's SPMD
+partitioner does not partition a `pallas_call` (under plain `jit` with row-sharded inputs the
+operands would be gathered onto every device, each computing the whole batch, or the compile
+fails):
+
+- GRPO: each device runs the fused kernel on its rows (rows split over the batch axes, replicated
+  over "tensor"). Group advantages need a row's whole group on its device, so the rows a device
+  holds must be a multiple of `group_size` (rows are ordered [prompt0 x G, prompt1 x G, ...] and
+  split contiguously). The loss is normalised by the *global* token and sequence counts (computed
+  before the shard_map, as for gradient accumulation) and summed with `psum`; every metric is
+  combined exactly (sums, token-weighted means, max/min, mean/std over rows), so the result equals
+  the one-device kernel. If the rows do not divide that way the XLA path runs instead (XLA
+  partitions it) and a note is logged once per shape.
+- reverse KL: per-token, so each device runs the kernel on its rows and, where T divides the
   "tensor" axis, its share of the tokens (the vocab stays whole on a device: the kernel's online
   log-sum-exp runs over all of V). No collective beyond the resharding of the logits.
 
 `mesh=None` means the mesh set by `jax.set_mesh` around the trace, if any; with no mesh, a
 one-device mesh, or an implementation that resolves to "xla", these are the plain functions.
 
-Legend: B batch rows, G group size, T time, V vocab.
+Legend (DESIGN.md §4): B rows, G group size, T target positions, V vocab.
 """
 
 from __future__ import annotations
@@ -32,18 +42,29 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec
 
 from smjax.kernels import group_advantage as ga_kernel
 from smjax.kernels import reverse_kl as rkl_kernel
 from smjax.rl import grpo
 from smjax.sharding import BATCH_AXES
 
+IMPLS = ("auto", "pallas", "xla")
+
 _log = logging.getLogger(__name__)
 _TOKEN_MEANS = ("kl_mean", "clip_frac_low", "clip_frac_high", "ratio_mean")
 _SUMS = ("pg_loss", "kl_loss", "num_valid_tokens", "num_sequences")
 _GRPO_AUX = frozenset(_TOKEN_MEANS + _SUMS + (
     "clip_frac", "ratio_max", "ratio_min", "advantage_mean", "advantage_std"))
+
+
+def resolve_impl(impl: str) -> str:
+  """'auto' -> 'pallas' on TPU/GPU, 'xla' on CPU; 'pallas' and 'xla' pass through."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+  if impl == "auto":
+    return "pallas" if jax.default_backend() in ("tpu", "gpu") else "xla"
+  return impl
 
 
 def resolve_mesh(mesh=None):
@@ -81,24 +102,28 @@ def grpo_loss_from_rewards(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT
                            advantage_mode, advantage_eps=1e-6, eps_low, eps_high, beta,
                            kl_estimator, aggregation, max_len=None, num_valid_tokens=None,
                            num_sequences=None, impl="auto", mesh=None):
-  """`smjax.rl.grpo.grpo_loss_from_rewards` with the Pallas kernel split over the mesh's batch
-  axes (module docstring). Same (loss, aux), same gradient w.r.t. logp_BT."""
+  """GRPO (loss, aux) from raw rewards (smjax.rl.grpo.grpo_loss_from_rewards' contract) by the
+  implementation `impl` resolves to, split over the mesh's batch axes for the kernel (module
+  docstring). Same (loss, aux) and gradient w.r.t. logp_BT whichever runs."""
   kw = dict(group_size=group_size, advantage_mode=advantage_mode, advantage_eps=advantage_eps,
             eps_low=eps_low, eps_high=eps_high, beta=beta, kl_estimator=kl_estimator,
             aggregation=aggregation)
+  xla = lambda: grpo.grpo_loss_from_rewards(  # noqa: E731
+      logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, max_len=max_len,
+      num_valid_tokens=num_valid_tokens, num_sequences=num_sequences, **kw)
+  if resolve_impl(impl) == "xla":
+    return xla()
+  # As on the XLA path (the kernel alone would also take advantage_mode="precomputed").
+  grpo.check_group_args(jnp.asarray(rewards_B), group_size=group_size, mode=advantage_mode)
   mesh = resolve_mesh(mesh)
-  if mesh is None or ga_kernel.resolve_impl(impl) == "xla":
-    return grpo.grpo_loss_from_rewards(
-        logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, max_len=max_len,
-        num_valid_tokens=num_valid_tokens, num_sequences=num_sequences, impl=impl, **kw)
+  if mesh is None:
+    return ga_kernel.grpo_loss_fused(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT,
+                                     num_valid_tokens, num_sequences, max_len=max_len, **kw)
   ok, why = grpo_kernel_plan(logp_BT.shape[0], group_size, dict(mesh.shape))
   if not ok:
-    _note(f"sharded_kernels: GRPO loss on mesh {dict(mesh.shape)} uses impl='xla' instead of the "
-          f"Pallas kernel: {why}")
-    return grpo.grpo_loss_from_rewards(
-        logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT, max_len=max_len,
-        num_valid_tokens=num_valid_tokens, num_sequences=num_sequences, impl="xla", **kw)
-  grpo.check_group_args(rewards_B, group_size=group_size, mode=advantage_mode)
+    _note(f"kernels.dispatch: GRPO loss on mesh {dict(mesh.shape)} uses the XLA path instead of "
+          f"the Pallas kernel: {why}")
+    return xla()
   # Global normalisers: inside the shard_map each device would otherwise count only its rows.
   valid_BT = mask_BT > 0
   if num_valid_tokens is None:
@@ -106,7 +131,7 @@ def grpo_loss_from_rewards(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT
   if num_sequences is None:
     num_sequences = jnp.sum(jnp.any(valid_BT, axis=1)).astype(jnp.float32)
   axes = _batch_axes(mesh)
-  rows, rows_t = P(axes), P(axes, None)
+  rows, rows_t = PartitionSpec(axes), PartitionSpec(axes, None)
   has_ref = ref_logp_BT is not None
 
   def local(logp, old, ref, rewards, mask, tokens, seqs):
@@ -116,11 +141,12 @@ def grpo_loss_from_rewards(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask_BT
     return jax.lax.psum(loss, axes), combine_grpo_aux(aux, axes)
 
   ref_arg = ref_logp_BT if has_ref else jnp.zeros_like(old_logp_BT)
+  scalar = PartitionSpec()
   return jax.shard_map(
-      local, mesh=mesh, in_specs=(rows_t, rows_t, rows_t, rows, rows_t, P(), P()),
-      out_specs=(P(), P()), check_vma=False)(logp_BT, old_logp_BT, ref_arg, rewards_B, mask_BT,
-                             jnp.asarray(num_valid_tokens, jnp.float32),
-                             jnp.asarray(num_sequences, jnp.float32))
+      local, mesh=mesh, in_specs=(rows_t, rows_t, rows_t, rows, rows_t, scalar, scalar),
+      out_specs=(scalar, scalar), check_vma=False)(
+          logp_BT, old_logp_BT, ref_arg, rewards_B, mask_BT,
+          jnp.asarray(num_valid_tokens, jnp.float32), jnp.asarray(num_sequences, jnp.float32))
 
 
 def combine_grpo_aux(aux: dict, axes) -> dict:
@@ -128,7 +154,7 @@ def combine_grpo_aux(aux: dict, axes) -> dict:
   device holds the same number of rows)."""
   unknown = set(aux) - _GRPO_AUX
   if unknown:
-    raise ValueError(f"sharded_kernels.combine_grpo_aux: no rule to combine metrics "
+    raise ValueError(f"kernels.dispatch.combine_grpo_aux: no rule to combine metrics "
                      f"{sorted(unknown)} over devices; add one")
   tokens = aux["num_valid_tokens"]
   total = jax.lax.psum(tokens, axes)
@@ -150,13 +176,13 @@ def combine_grpo_aux(aux: dict, axes) -> dict:
 
 def reverse_kl(student_logits, teacher_logits, *, impl="auto", block_sizes=None,
                chunk_tokens=None, mesh=None):
-  """`smjax.kernels.reverse_kl.reverse_kl` ([B, T, V] -> [B, T]) with the Pallas kernel run per
-  device on its rows (batch axes) and tokens ("tensor" axis) where they divide."""
+  """Per-token KL(softmax(student) || softmax(teacher)) [..., V] -> [...] in float32
+  (smjax.kernels.reverse_kl), by the implementation `impl` resolves to; on a mesh the Pallas
+  kernel runs per device on its rows (batch axes) and tokens ("tensor" axis) where they divide."""
+  impl = resolve_impl(impl)
   kw = dict(impl=impl, block_sizes=block_sizes, chunk_tokens=chunk_tokens)
   mesh = resolve_mesh(mesh)
-  on_cpu = jax.default_backend() == "cpu"
-  resolved = ("xla" if on_cpu else "pallas") if impl == "auto" else impl
-  if mesh is None or resolved == "xla" or student_logits.ndim != 3:
+  if mesh is None or impl == "xla" or student_logits.ndim != 3:
     return rkl_kernel.reverse_kl(student_logits, teacher_logits, **kw)
   b, t, _ = student_logits.shape
   axes = _batch_axes(mesh)
@@ -164,9 +190,9 @@ def reverse_kl(student_logits, teacher_logits, *, impl="auto", block_sizes=None,
   tensor = mesh.shape.get("tensor", 1)
   tok_axis = "tensor" if tensor > 1 and t % tensor == 0 else None
   if row_axes is None and axes:
-    _note(f"sharded_kernels: reverse_kl on mesh {dict(mesh.shape)}: {b} rows do not divide the "
+    _note(f"kernels.dispatch: reverse_kl on mesh {dict(mesh.shape)}: {b} rows do not divide the "
           "batch shards; every device computes all rows")
-  spec = P(row_axes, tok_axis, None)
+  spec = PartitionSpec(row_axes, tok_axis, None)
   return jax.shard_map(lambda s, q: rkl_kernel.reverse_kl(s, q, **kw), mesh=mesh,
-                       in_specs=(spec, spec), out_specs=P(row_axes, tok_axis), check_vma=False)(
-                           student_logits, teacher_logits)
+                       in_specs=(spec, spec), out_specs=PartitionSpec(row_axes, tok_axis),
+                       check_vma=False)(student_logits, teacher_logits)

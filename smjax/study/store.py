@@ -1,11 +1,14 @@
-"""A study phase's persistent output: finished phases are reused, never silently mixed.
+"""A study seed's workdir: finished phases (reused, never silently mixed) and the evaluation grid.
 
 `<workdir>/<phase>/result.json` (FLOP ledger, accuracy curve, extras and the config it ran under)
 plus `final/` (its parameters, orbax) mark a finished phase. `run_phase` reuses it when the
-config fields that phase reads are unchanged (`study_config.phase_independent_fields`), refuses
-it with the differing fields listed otherwise, and else runs the phase and saves its output,
-result.json last and atomically, so an interrupted save leaves no finished-looking phase.
+config fields that phase reads (declared beside the phase, smjax.study.phases) are unchanged,
+refuses it with the differing fields listed otherwise, and else runs the phase and saves its
+output, result.json last and atomically, so an interrupted save leaves no finished-looking phase.
 In-progress phases checkpoint under `<phase>/checkpoints/` (`checkpointer`) with the same guard.
+
+`<workdir>/eval_interval.json` holds the FLOP interval of the seed's evaluation grid, fixed once
+from the first GRPO step's cost (`save_eval_every`), so every arm is evaluated on the same grid.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import dataclasses
 import json
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ml_collections as mlc
 
 from smjax import checkpoint as ckpt_lib
+from smjax.checkpoint_meta import flat_fields
 from smjax.ledger import FlopLedger
-from smjax.study_config import phase_independent_fields
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +40,14 @@ def phase_dir(workdir: str, phase: str) -> str:
   return os.path.join(workdir, phase)
 
 
-def load_done(workdir: str, config: mlc.ConfigDict, phase: str,
+def unread_fields(config: mlc.ConfigDict, reads: Sequence[str]) -> tuple[str, ...]:
+  """Every dotted field of `config` that is not under one of `reads` (sections or fields): what
+  a phase reading `reads` may see change and still be reused or resumed."""
+  under = lambda k: any(k == r or k.startswith(r + ".") for r in reads)
+  return tuple(k for k in flat_fields(config.to_dict()) if not under(k))
+
+
+def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[str],
               template_params) -> PhaseOutput | None:
   """The finished phase's output, None if it has not finished; ConfigMismatchError if it
   finished under a config that differs in a field the phase reads."""
@@ -47,7 +57,7 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str,
   with open(path) as f:
     res = json.load(f)
   diff = ("config" in res and
-          ckpt_lib.config_diff(res["config"], config.to_dict(), phase_independent_fields(phase)))
+          ckpt_lib.config_diff(res["config"], config.to_dict(), unread_fields(config, reads)))
   if diff:
     raise ckpt_lib.ConfigMismatchError(
         f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
@@ -80,19 +90,49 @@ def save_done(workdir: str, config: mlc.ConfigDict, phase: str, out: PhaseOutput
   return out
 
 
-def run_phase(workdir: str, config: mlc.ConfigDict, phase: str, template_params,
-              fn: Callable[[], PhaseOutput]) -> PhaseOutput:
-  """Runs `fn` unless the phase already finished; saves its output atomically when it does."""
-  done = load_done(workdir, config, phase, template_params)
+def run_phase(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[str],
+              template_params, fn: Callable[[], PhaseOutput]) -> PhaseOutput:
+  """Runs `fn` unless the phase already finished; saves its output atomically when it does.
+  `reads`: the config fields the phase's result depends on."""
+  done = load_done(workdir, config, phase, reads, template_params)
   if done is not None:
     return done
   os.makedirs(phase_dir(workdir, phase), exist_ok=True)
   return save_done(workdir, config, phase, fn())
 
 
-def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str) -> ckpt_lib.Checkpointer:
+def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
+                 reads: Sequence[str]) -> ckpt_lib.Checkpointer:
   """The running phase's checkpoints (resume refuses a config that changed a field it reads)."""
   return ckpt_lib.Checkpointer(os.path.join(phase_dir(workdir, phase), "checkpoints"),
                                max_to_keep=2, keep_best=False, async_save=True,
-                               config=config.to_dict(),
-                               ignore_fields=phase_independent_fields(phase))
+                               config=config.to_dict(), ignore_fields=unread_fields(config, reads))
+
+
+# ------------------------------------------------------------------------- evaluation grid
+
+def _interval_file(workdir: str) -> str:
+  return os.path.join(workdir, "eval_interval.json")
+
+
+def load_eval_every(workdir: str, config: mlc.ConfigDict) -> float:
+  """The seed's evaluation grid interval in training FLOPs: `config.eval.every_flops` when set,
+  else the one fixed by the first GRPO step (0 until then)."""
+  if config.eval.every_flops:
+    return float(config.eval.every_flops)
+  if os.path.exists(_interval_file(workdir)):
+    with open(_interval_file(workdir)) as f:
+      return float(json.load(f)["every_flops"])
+  return 0.0
+
+
+def save_eval_every(workdir: str, config: mlc.ConfigDict, step_flops: float) -> float:
+  """Fixes the grid from the first GRPO step's training FLOPs, once per seed: (joint GRPO steps x
+  that cost) / eval.points (0 with eval.points = 0: FLOP-grid evaluation off). Returns it."""
+  if not config.eval.points:
+    return 0.0
+  every = step_flops * config.joint.steps / config.eval.points
+  os.makedirs(workdir, exist_ok=True)
+  with open(_interval_file(workdir), "w") as f:
+    json.dump({"every_flops": every, "from_step_flops": step_flops}, f)
+  return every

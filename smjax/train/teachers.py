@@ -6,26 +6,29 @@ self-GRPO teacher); it may be larger than the student. `TeacherRouter.score` gat
 to each teacher, pads them to a row bucket (so few shapes compile), runs that teacher's forward on
 those rows only and scatters the results back. No teacher runs on rows not routed to it, and the
 FLOPs it spent (padded rows included: that is what ran) are reported as `train/teacher` calls.
-With `logits_to_keep` and `shared_prompt_rows` (as the OPD step's config) a teacher computes only
-the completion columns and runs each prompt once per block of rows (smjax.train.scoring): routed
-rows are whole blocks (rows of one prompt share its domain) and are padded by whole blocks.
 
-Legend: B rows, S sequence length, T = S - 1 target positions, V vocab, R routed rows (bucketed).
+A teacher scores its rows in the student batch's layout (smjax.batch): only the completion
+columns, each prompt once per block of rows, and packed (its own rows' plan) when the student's
+batch is. Routed rows are whole prompt blocks (rows of one prompt share its domain) and are padded
+by whole blocks.
+
+Legend (DESIGN.md §4): B rows, S sequence length, T = S - 1 target positions, V vocab.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smjax.batch import SequenceBatch, eighth_bucket, pack
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
 from smjax.models.transformer import ModelConfig, Transformer
-from smjax.train.scoring import eighth_bucket, make_logits_fn, make_logprob_fn, with_packing
-from smjax.train.steps import SequenceBatch
+from smjax.train.score import target_logits, target_logprobs
 
 
 @dataclasses.dataclass
@@ -62,26 +65,15 @@ def _bucket_rows(n: int, total: int, block: int = 1) -> int:
 
 
 class TeacherRouter:
-  """Routes rows to teachers by domain and runs each teacher on its rows only."""
+  """Routes rows to teachers by domain and runs each teacher on its rows only.
+
+  `want_logits`: teacher logits [B, T, V] (the full-vocab / top-k objectives) instead of the
+  sampled tokens' log-probs [B, T]."""
 
   def __init__(self, student_cfg: ModelConfig, teachers: Sequence[Teacher], *,
-               want_logits: bool = False, logits_to_keep: int | None = None,
-               shared_prompt_rows: int = 1, pack_completions: bool = False):
+               want_logits: bool = False):
     if not teachers:
       raise ValueError("TeacherRouter needs at least one teacher")
-    if shared_prompt_rows < 1:
-      raise ValueError(f"TeacherRouter: shared_prompt_rows={shared_prompt_rows} must be >= 1")
-    if shared_prompt_rows > 1 and logits_to_keep is None:
-      raise ValueError(f"TeacherRouter: shared_prompt_rows={shared_prompt_rows} needs "
-                       "logits_to_keep (the completion width), as the OPD step's config")
-    if pack_completions and logits_to_keep is None:
-      raise ValueError("TeacherRouter: pack_completions needs logits_to_keep (the completion "
-                       "width), as the OPD step's config")
-    self.shared_prompt_rows = shared_prompt_rows
-    self.logits_to_keep = logits_to_keep
-    # Each teacher's rows run as a packed stream (scoring.with_packing; its length rounded up to
-    # an eighth of the rows' completion columns): the same scores on the loss mask, fewer FLOPs.
-    self.pack_completions = pack_completions
     check_vocabularies(student_cfg, teachers)
     self.teachers = list(teachers)
     self.want_logits = want_logits
@@ -92,12 +84,8 @@ class TeacherRouter:
           raise ValueError(f"domain {d!r} is routed to both {self.teachers[self._route[d]].name!r} "
                            f"and {t.name!r}")
         self._route[d] = i
-    self._fns = []
-    for t in self.teachers:
-      model = Transformer(t.cfg)
-      make = make_logits_fn if want_logits else make_logprob_fn
-      fn = make(model, logits_to_keep=logits_to_keep, shared_prompt_rows=shared_prompt_rows)
-      self._fns.append(jax.jit(fn))
+    fn = target_logits if want_logits else target_logprobs
+    self._fns = [jax.jit(functools.partial(fn, Transformer(t.cfg))) for t in self.teachers]
 
   def teacher_of(self, domain: str) -> int:
     if domain not in self._route:
@@ -114,10 +102,10 @@ class TeacherRouter:
     if len(domains) != B:
       raise ValueError(f"{len(domains)} domain tags for a batch of {B} rows")
     owner = np.array([self.teacher_of(d) for d in domains])
-    block = self.shared_prompt_rows
-    if B % block or (owner.reshape(-1, block) != owner[::block, None]).any():
-      raise ValueError(f"TeacherRouter.score: with shared_prompt_rows={block} the {B} rows must "
-                       f"be whole blocks of {block} rows of one domain (one prompt each)")
+    block = batch.layout.rows_per_prompt
+    if (owner.reshape(-1, block) != owner[::block, None]).any():
+      raise ValueError(f"TeacherRouter.score: the batch's prompt blocks of {block} rows "
+                       "(Layout.rows_per_prompt) must each be of one domain (one prompt each)")
     T = batch.tokens_BS.shape[1] - 1
     out_shape = (B, T, self.teachers[0].cfg.vocab_size) if self.want_logits else (B, T)
     out = jnp.zeros(out_shape, jnp.float32)
@@ -130,17 +118,14 @@ class TeacherRouter:
       R = _bucket_rows(rows.size, B, block)
       # Padded with copies of the first block (real rows, whole blocks).
       idx = np.concatenate([rows, np.tile(rows[:block], (R - rows.size) // block)])
-      sub = jax.tree.map(lambda x: None if x is None else x[idx], SequenceBatch(
-          tokens_BS=batch.tokens_BS, positions_BS=batch.positions_BS,
-          attn_mask_BS=batch.attn_mask_BS, loss_mask_BT=batch.loss_mask_BT))
-      if self.pack_completions:
-        keep = self.logits_to_keep
-        sub = with_packing(sub, keep, bucket=eighth_bucket(R, keep))
+      sub = batch.rows(idx)
+      if batch.layout.packed:
+        sub = pack(sub, bucket=eighth_bucket(R, batch.layout.completion_len))
       scores = self._fns[i](t.params, sub)
       out = out.at[rows].set(scores[:rows.size].astype(jnp.float32))
       attn = np.asarray(batch.attn_mask_BS)[rows]
       # A shared prompt runs once per block: its tokens count once (as in the sampler's prefill).
-      prompt_cols = attn.shape[1] - self.logits_to_keep if block > 1 else 0
+      prompt_cols = attn.shape[1] - batch.layout.completion_len if block > 1 else 0
       real_tokens = float(attn.sum() - attn[:, :prompt_cols].sum() * (1 - 1 / block))
       useful = float(analytic_flops(t.cfg, tokens=real_tokens,
                                     context_len=(batch.tokens_BS.shape[1] + 1) / 2,

@@ -1,0 +1,194 @@
+"""What the phases of one study seed share: `seed_shared(config, seed) -> SeedShared`.
+
+A frozen record of the tokenizer, model, mesh, domains and held-out set, the sampler and
+evaluator, and the GRPO and OPD steps jitted once (with the train state's shardings on a mesh), so
+every phase of a seed runs the same compiled programs. Building it reads the model files and
+generates the held-out set; it writes nothing (the phase store, smjax.study.store, owns the
+workdir).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections as mlc
+import optax
+
+from smjax import data as data_lib
+from smjax import domains as domains_lib
+from smjax import sharding
+from smjax.models import hf
+from smjax.models.presets import get_preset
+from smjax.models.tokenizer import CharTokenizer, HFTokenizer
+from smjax.models.transformer import ModelConfig, Transformer, init_params, param_logical_axes
+from smjax.rewards.verify import verify_batch
+from smjax.rollout import Sampler
+from smjax.study.config import check_lengths
+from smjax.train import state as state_lib
+from smjax.train import steps as steps_lib
+from smjax.train.evaluate import Evaluator
+from smjax.train.loop import BatchLayout
+from smjax.train.teachers import Teacher, TeacherRouter
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SeedShared:
+  """Everything the phases of one seed share (module docstring)."""
+  config: mlc.ConfigDict
+  seed: int
+  tokenizer: Any
+  model_cfg: ModelConfig
+  mesh: Any                        # None on one device
+  domains: dict                    # name -> Domain
+  heldout: dict                    # name -> [Example], fixed per study seed
+  sampler: Sampler
+  evaluator: Evaluator
+  rl_tx: optax.GradientTransformation
+  grpo_step: steps_lib.JittedStep
+  grpo_layout: BatchLayout
+  opd_tx: optax.GradientTransformation
+  opd_step: steps_lib.JittedStep
+  opd_layout: BatchLayout
+
+  def verify(self, examples, texts):
+    return verify_batch(examples, texts, domains=self.domains)
+
+  def abstract_params(self, cfg: ModelConfig | None = None):
+    """ShapeDtypeStructs of a model's parameters (with their shardings on a mesh): restore
+    templates that allocate nothing, whatever the model's size."""
+    cfg = cfg or self.model_cfg
+    abstract = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
+    if self.mesh is None:
+      return abstract
+    shards = sharding.param_shardings(abstract, param_logical_axes(cfg), self.mesh)
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shards)
+
+  def new_state(self, params, tx, cfg: ModelConfig | None = None):
+    """A fresh TrainState laid out by `state_shardings(self.mesh, tx, cfg)`; without a mesh,
+    committed to this process's first local device, as a state restored from a checkpoint is.
+    (An uncommitted state, and so every array computed from it, lowers the same programs without
+    their sharding annotations: the same numbers, but other compilation-cache keys, so a resumed
+    study would compile everything again where a persistent compilation cache is on.)"""
+    shardings = state_shardings(self.mesh, tx, cfg or self.model_cfg)
+    if shardings is None:
+      shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return state_lib.create_sharded_state(params, tx, shardings)
+
+  def random_params(self, key, cfg: ModelConfig | None = None):
+    """A seeded random init, created sharded on the mesh (jitted with out_shardings, so the whole
+    model never sits on one device) or on the default device without one."""
+    cfg = cfg or self.model_cfg
+    if self.mesh is None:
+      return init_params(cfg, key)
+    return sharding.init_sharded_params(cfg, self.mesh, key)[0]
+
+  def initial_params(self):
+    """The base phase's starting point: the HF checkpoint's weights, or a seeded random init."""
+    m = self.config.model
+    if not m.hf_path:
+      return self.random_params(jax.random.key(self.seed))
+    put = None
+    if self.mesh is not None:
+      shards = jax.tree.map(lambda a: a.sharding, self.abstract_params())
+      put = lambda path, arr: jax.device_put(arr, _get_path(shards, path))
+    _, params = hf.load_params(m.hf_path, self.model_cfg, put=put)
+    return params if put is not None else jax.tree.map(jnp.asarray, params)
+
+  def prompts(self, domains, batch_size: int, stream_seed: int,
+              transform=None) -> data_lib.PromptStream:
+    """A checkpointable stream of training prompt batches from `domains`."""
+    ds = data_lib.prompt_pipeline([self.domains[d] for d in domains], batch_size=batch_size,
+                                  split="train", seed=self.seed * 1000 + stream_seed)
+    return data_lib.PromptStream(iter(ds), transform)
+
+  def teacher_router(self, teachers: list[Teacher]) -> TeacherRouter:
+    """OPD teachers scoring the student's samples as the OPD objective reads them."""
+    return TeacherRouter(self.model_cfg, teachers,
+                         want_logits=self.config.opd.objective != "sampled")
+
+
+def state_shardings(mesh, tx, cfg: ModelConfig):
+  """The TrainState's shardings on the mesh (None on one device): parameters by their logical
+  axes, optimiser moments following them, counters replicated. Steps are jitted with them as
+  input and output shardings and states are created with them, so a step's output is its next
+  input as it is: each step program compiles once."""
+  if mesh is None:
+    return None
+  return sharding.abstract_train_state(cfg, tx, mesh)[1]
+
+
+def _get_path(tree, path):
+  for p in path:
+    tree = tree[p]
+  return tree
+
+
+def _model_and_tokenizer(m: mlc.ConfigDict):
+  if m.hf_path:
+    tokenizer = HFTokenizer(m.hf_path)
+    cfg = hf.config_from_hf(m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype,
+                            max_seq_len=m.max_seq_len or None)
+  else:
+    tokenizer = CharTokenizer()
+    cfg = get_preset(m.preset, param_dtype=m.param_dtype, dtype=m.dtype,
+                     **({"max_seq_len": m.max_seq_len} if m.max_seq_len else {}))
+  if tokenizer.vocab_size > cfg.vocab_size:
+    raise ValueError(
+        f"config.model: the tokenizer has {tokenizer.vocab_size} ids but the model's "
+        f"vocab_size={cfg.vocab_size} ({m.hf_path or m.preset}): ids past the embedding would be "
+        "silently clamped; the tokenizer.json and config.json must come from the same model")
+  return tokenizer, cfg
+
+
+def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
+  """Builds what the phases of study seed `seed` share (module docstring)."""
+  tokenizer, model_cfg = _model_and_tokenizer(config.model)
+  model = Transformer(model_cfg)
+  mesh = sharding.mesh_from_config(config.mesh)
+  mesh = mesh if mesh.size > 1 else None
+  # `difficulty` is a knob of the toy domains only; file and reasoning-gym domains take none.
+  domains = {d: domains_lib.get_domain(d, **({"difficulty": config.difficulty}
+                                              if d in domains_lib.TOY_DOMAINS else {}))
+             for d in config.domains}
+  # The held-out split is disjoint from training by construction (smjax.domains); its seed is
+  # fixed per study seed so every arm is scored on the same examples.
+  heldout = {d: dom.generate("test", config.heldout_size, seed=10_000 + seed)
+             for d, dom in domains.items()}
+  check_lengths(config, tokenizer, model_cfg, heldout)
+  rl, o = config.rl, config.opd
+  sampler = Sampler(model_cfg, max_new_tokens=rl.max_new_tokens, eos_id=tokenizer.eos_id,
+                    pad_id=tokenizer.pad_id, mesh=mesh)
+  evaluator = Evaluator(sampler, tokenizer, heldout,
+                        lambda examples, texts: verify_batch(examples, texts, domains=domains),
+                        batch_size=config.eval.batch_size)
+  # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
+  rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
+                                     warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
+  rl_tx = state_lib.make_optimizer(rl_opt)
+  grpo_cfg = steps_lib.GRPOConfig(
+      group_size=rl.samples_per_prompt, advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
+      eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
+      aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
+  grpo_step = steps_lib.jit_step(
+      steps_lib.make_grpo_step(model, rl_tx, grpo_cfg,
+                               lr_schedule=state_lib.learning_rate_schedule(rl_opt), mesh=mesh),
+      state_shardings=state_shardings(mesh, rl_tx, model_cfg))
+  opd_tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=o.learning_rate,
+                                                              clip_norm=rl.clip_norm))
+  opd_cfg = steps_lib.OPDConfig(objective=o.objective, eps_low=o.eps_low, eps_high=o.eps_high,
+                                top_k=o.top_k, micro_batches=o.micro_batches, impl=o.impl)
+  opd_step = steps_lib.jit_step(steps_lib.make_opd_step(model, opd_tx, opd_cfg, mesh=mesh),
+                                state_shardings=state_shardings(mesh, opd_tx, model_cfg))
+  return SeedShared(
+      config=config, seed=seed, tokenizer=tokenizer, model_cfg=model_cfg, mesh=mesh,
+      domains=domains, heldout=heldout, sampler=sampler, evaluator=evaluator,
+      rl_tx=rl_tx, grpo_step=grpo_step,
+      grpo_layout=BatchLayout(share_prompt=rl.shared_prompt, packed=rl.pack_completions,
+                              micro_batches=rl.micro_batches),
+      opd_tx=opd_tx, opd_step=opd_step,
+      opd_layout=BatchLayout(share_prompt=o.shared_prompt, packed=o.pack_completions,
+                             micro_batches=o.micro_batches))
