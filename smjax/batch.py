@@ -221,7 +221,9 @@ def pack(batch: SequenceBatch, *, micro_batches: int = 1, bucket: int | None = N
          check: bool = True) -> SequenceBatch:
   """`batch` with its completions packed (`make_pack_plan` of its loss mask, one plan row per
   micro-batch of the step; the stream rounded up to `bucket`, default an eighth of a
-  micro-batch's completion columns). Needs a layout with completion_len."""
+  micro-batch's completion columns). Needs a layout with completion_len. `check`: check the rows'
+  layout first (off for rows taken from a checked batch); the plan is right by construction, so
+  only a plan from elsewhere needs `check_layout`'s plan check."""
   C = batch.layout.completion_len
   if not C:
     raise ValueError("pack: the batch's layout has no completion_len (the completion width), "
@@ -229,14 +231,13 @@ def pack(batch: SequenceBatch, *, micro_batches: int = 1, bucket: int | None = N
   B = batch.tokens_BS.shape[0]
   if micro_batches < 1 or B % micro_batches:
     raise ValueError(f"pack: micro_batches={micro_batches} must divide the batch's {B} rows")
+  if check:
+    check_layout(batch, micro_batches=micro_batches)
   if bucket is None:
     bucket = eighth_bucket(B // micro_batches, C)
   plan = make_pack_plan(batch.loss_mask_BT, C, micro_batches=micro_batches, bucket=bucket)
-  out = batch.replace(pack_plan=jnp.asarray(plan),
-                      layout=dataclasses.replace(batch.layout, packed=True))
-  if check:
-    check_layout(out, micro_batches=micro_batches)
-  return out
+  return batch.replace(pack_plan=jnp.asarray(plan),
+                       layout=dataclasses.replace(batch.layout, packed=True))
 
 
 # ------------------------------------------------------------------------------- builders

@@ -10,7 +10,8 @@ workdir).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -52,9 +53,7 @@ class SeedShared:
   opd_tx: optax.GradientTransformation
   opd_step: steps_lib.JittedStep
   opd_layout: BatchLayout
-
-  def verify(self, examples, texts):
-    return verify_batch(examples, texts, domains=self.domains)
+  verify: Callable   # (examples, completion texts) -> rewards, by each example's domain
 
   def abstract_params(self, cfg: ModelConfig | None = None):
     """ShapeDtypeStructs of a model's parameters (with their shardings on a mesh): restore
@@ -162,9 +161,8 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   rl, o = config.rl, config.opd
   sampler = Sampler(model_cfg, max_new_tokens=rl.max_new_tokens, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id, mesh=mesh)
-  evaluator = Evaluator(sampler, tokenizer, heldout,
-                        lambda examples, texts: verify_batch(examples, texts, domains=domains),
-                        batch_size=config.eval.batch_size)
+  verify = functools.partial(verify_batch, domains=domains)
+  evaluator = Evaluator(sampler, tokenizer, heldout, verify, batch_size=config.eval.batch_size)
   # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
   rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
                                      warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
@@ -191,4 +189,5 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
                               micro_batches=rl.micro_batches),
       opd_tx=opd_tx, opd_step=opd_step,
       opd_layout=BatchLayout(share_prompt=o.shared_prompt, packed=o.pack_completions,
-                             micro_batches=o.micro_batches))
+                             micro_batches=o.micro_batches),
+      verify=verify)

@@ -109,6 +109,7 @@ class TeacherRouter:
     T = batch.tokens_BS.shape[1] - 1
     out_shape = (B, T, self.teachers[0].cfg.vocab_size) if self.want_logits else (B, T)
     out = jnp.zeros(out_shape, jnp.float32)
+    attn_BS = np.asarray(batch.attn_mask_BS)
     calls, rows_per = [], {}
     for i, t in enumerate(self.teachers):
       rows = np.nonzero(owner == i)[0]
@@ -119,11 +120,11 @@ class TeacherRouter:
       # Padded with copies of the first block (real rows, whole blocks).
       idx = np.concatenate([rows, np.tile(rows[:block], (R - rows.size) // block)])
       sub = batch.rows(idx)
-      if batch.layout.packed:
-        sub = pack(sub, bucket=eighth_bucket(R, batch.layout.completion_len))
+      if batch.layout.packed:   # whole blocks of a checked batch: laid out as it is
+        sub = pack(sub, bucket=eighth_bucket(R, batch.layout.completion_len), check=False)
       scores = self._fns[i](t.params, sub)
       out = out.at[rows].set(scores[:rows.size].astype(jnp.float32))
-      attn = np.asarray(batch.attn_mask_BS)[rows]
+      attn = attn_BS[rows]
       # A shared prompt runs once per block: its tokens count once (as in the sampler's prefill).
       prompt_cols = attn.shape[1] - batch.layout.completion_len if block > 1 else 0
       real_tokens = float(attn.sum() - attn[:, :prompt_cols].sum() * (1 - 1 / block))
