@@ -6,9 +6,11 @@
 Forward: one pass over V blocks with an online log-sum-exp (flash style) keeping, per token, the
 running maxima m and sums l = sum exp(x - m) of both distributions and
 acc = sum exp(s - m_s) ((s - m_s) - (t - m_t)), rescaled whenever a maximum moves; then
-KL = acc / l_s - log l_s + log l_t (the same sum, free of the cancellation between
-sum p_s (s - t) and lse_s - lse_t when logits carry large offsets). Backward, blockwise over V
-from the saved lse's and KL. With dKL/dp_u = a_u - b_u + 1 and dp_u/ds_v = p_u (delta_uv - p_v):
+KL = acc / l_s - log l_s + log l_t. Large offsets cost no precision, as every difference is of
+like quantities (s - m_s, how far m_s moved), never s - t, m_s - m_t or lse_s - lse_t, which
+round to float32's ulp (~1e-3 at |logit| ~ 1e4): so the forward saves lse = m + log l as those
+two floats, and the backward (blockwise over V) forms a = (s - m_s) - log l_s from them.
+With dKL/dp_u = a_u - b_u + 1 and dp_u/ds_v = p_u (delta_uv - p_v):
     dKL/ds_v = p_s(v) ((a_v - b_v + 1) - sum_u p_s(u) (a_u - b_u + 1)) = p_s(v) ((a_v - b_v) - KL)
     dKL/dt_v = -sum_u p_s(u) (delta_uv - p_t(v)) = p_t(v) - p_s(v).
 The teacher gradient is computed only when the teacher logits are differentiated (symbolic
@@ -16,8 +18,8 @@ zeros); in OPD the teacher is a constant and costs nothing in the backward.
 
 Three implementations, one math (`_online_update`, `_finalize`, `_grad_block` below):
 - Pallas "tpu" variant (Mosaic): grid (token blocks, V blocks), V innermost and sequential,
-  running statistics in VMEM scratch, lane-replicated [tokens, 128] statistics (the (8, 128)
-  tiling).
+  running statistics in VMEM scratch, [tokens, 128] statistics (the (8, 128) tiling): lane-
+  replicated, or a pair (m, log l) in the low and high 64 lanes.
 - Pallas "gpu" variant (Triton): grid over token blocks; V is a fori_loop inside the kernel with
   masked loads (Triton has no sequential grid axis and no scratch); power-of-two blocks.
 - "xla": a fori_loop over token chunks (custom_vjp too), so neither pass holds more than
@@ -44,8 +46,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as plgpu
 
-LANES = 128  # statistics are replicated over one lane tile: the (8, 128) TPU layout
+LANES = 128  # statistics fill one lane tile: the (8, 128) TPU layout
 _NEG = -1e30  # finite "minus infinity" for running maxima: exp(_NEG - _NEG) = 1, not nan
+_INIT = (_NEG, 0.0, _NEG, 0.0, 0.0)  # m_s, l_s, m_t, l_t, acc
 _F32 = jnp.float32
 
 
@@ -68,72 +71,85 @@ class BlockSizes:
 
 
 def _init(block_n):
-  neg = jnp.full((block_n, 1), _NEG, _F32)
-  zero = jnp.zeros((block_n, 1), _F32)
-  return (neg, zero, neg, zero, zero)  # m_s, l_s, m_t, l_t, acc
+  return tuple(jnp.full((block_n, 1), x, _F32) for x in _INIT)
 
 
 def _online_update(carry, s, t, valid):
   """Folds one [n, v] block (f32) into the running (m_s, l_s, m_t, l_t, acc), each [n, 1].
 
-  acc = sum exp(s - m_s) ((s - m_s) - (t - m_t)): measured from the running maxima, so the
-  result does not lose precision to large logit offsets (s - t and lse_s - lse_t would cancel).
+  acc = sum exp(s - m_s) ((s - m_s) - (t - m_t)) is measured from the running maxima and, when
+  they move, re-referenced by d_t - d_s (how far each moved: exact at any offset), not by
+  (m_s - m_t) - (m_s_new - m_t_new), whose rounding (~1e-3 at ±1e4) would go into the KL.
   """
   m_s, l_s, m_t, l_t, acc = carry
   if valid is not None:
-    s = jnp.where(valid, s, -jnp.inf)
-    t = jnp.where(valid, t, -jnp.inf)
+    s, t = (jnp.where(valid, x, -jnp.inf) for x in (s, t))
   m_s_new = jnp.maximum(m_s, jnp.max(s, axis=1, keepdims=True))
   m_t_new = jnp.maximum(m_t, jnp.max(t, axis=1, keepdims=True))
-  alpha_s = jnp.exp(m_s - m_s_new)
-  e_s = jnp.exp(s - m_s_new)
-  e_t = jnp.exp(t - m_t_new)
+  d_s, d_t = m_s_new - m_s, m_t_new - m_t  # huge from _NEG, but then l_s = acc = 0
+  alpha_s = jnp.exp(-d_s)
+  e_s, e_t = jnp.exp(s - m_s_new), jnp.exp(t - m_t_new)
   # where p_s = 0 (masked tail, -inf student logit) the term is 0, not 0 * (-inf - -inf)
   term = jnp.where(e_s > 0, e_s * ((s - m_s_new) - (t - m_t_new)), 0.0)
-  shift = (m_s - m_t) - (m_s_new - m_t_new)  # re-reference the old acc to the new maxima
   return (
       m_s_new,
       alpha_s * l_s + jnp.sum(e_s, axis=1, keepdims=True),
       m_t_new,
-      jnp.exp(m_t - m_t_new) * l_t + jnp.sum(e_t, axis=1, keepdims=True),
-      alpha_s * (acc + l_s * shift) + jnp.sum(term, axis=1, keepdims=True),
+      jnp.exp(-d_t) * l_t + jnp.sum(e_t, axis=1, keepdims=True),
+      alpha_s * (acc + l_s * (d_t - d_s)) + jnp.sum(term, axis=1, keepdims=True),
   )
 
 
 def _finalize(carry):
-  """(kl, lse_s, lse_t), each [n, 1], from the running statistics."""
+  """The saved statistics (kl, m_s, log l_s, m_t, log l_t), each [n, 1]."""
   m_s, l_s, m_t, l_t, acc = carry
   log_l_s, log_l_t = jnp.log(l_s), jnp.log(l_t)
-  return acc / l_s - log_l_s + log_l_t, m_s + log_l_s, m_t + log_l_t
+  return acc / l_s - log_l_s + log_l_t, m_s, log_l_s, m_t, log_l_t
 
 
-def _grad_block(s, t, lse_s, lse_t, kl, g, want_t):
-  """Cotangents of a [n, v] block (f32); lse_s, lse_t, kl, g are [n, 1]."""
-  a = s - lse_s
+def _grad_block(s, t, stats, g, want_t):
+  """Cotangents of a [n, v] block (f32); `stats` (from _finalize) and g are [n, 1]."""
+  kl, m_s, log_l_s, m_t, log_l_t = stats
+  a = (s - m_s) - log_l_s  # s - m_s is exact near the max, whatever the offset
+  b = (t - m_t) - log_l_t
   p_s = jnp.exp(a)
-  ds = jnp.where(p_s > 0, g * p_s * (a - (t - lse_t) - kl), 0.0)
-  dt = g * (jnp.exp(t - lse_t) - p_s) if want_t else None
+  ds = jnp.where(p_s > 0, g * p_s * ((a - b) - kl), 0.0)
+  dt = g * (jnp.exp(b) - p_s) if want_t else None
   return ds, dt
 
 
 # --------------------------------------------------------------------------- Pallas kernels
 
 
-def _col(x):
-  # Lanes are replicated; a lane reduction is portable on Mosaic and Triton, lane slicing is not.
+# Lane reductions and selects are portable on Mosaic and Triton; lane slicing is not.
+def _col(x):  # [n, LANES] lane-replicated -> [n, 1]
   return jnp.max(x, axis=1, keepdims=True)
 
 
-def _fwd_kernel_tpu(s_ref, t_ref, kl_ref, lse_s_ref, lse_t_ref, *scratch, n_cols, block_v):
+def _pair(x, y):  # two [n, 1] -> [n, LANES]: x in the low 64 lanes, y in the high 64
+  return jnp.where(lax.broadcasted_iota(jnp.int32, (x.shape[0], LANES), 1) < LANES // 2, x, y)
+
+
+def _unpair(xy):  # inverse of _pair
+  low = lax.broadcasted_iota(jnp.int32, xy.shape, 1) < LANES // 2
+  return _col(jnp.where(low, xy, -jnp.inf)), _col(jnp.where(low, -jnp.inf, xy))
+
+
+def _stat_tiles(stats):  # _finalize's [n, 1] statistics -> the three [n, LANES] the kernels pass
+  kl, m_s, log_l_s, m_t, log_l_t = stats
+  return jnp.broadcast_to(kl, (kl.shape[0], LANES)), _pair(m_s, log_l_s), _pair(m_t, log_l_t)
+
+
+def _fwd_kernel_tpu(s_ref, t_ref, *refs, n_cols, block_v):
+  out_refs, scratch = refs[:3], refs[3:]
   j = pl.program_id(1)
 
   @pl.when(j == 0)
   def _():
-    for ref, val in zip(scratch, (_NEG, 0.0, _NEG, 0.0, 0.0)):
+    for ref, val in zip(scratch, _INIT):
       ref[...] = jnp.full(ref.shape, val, _F32)
 
-  s = s_ref[...].astype(_F32)
-  t = t_ref[...].astype(_F32)
+  s, t = s_ref[...].astype(_F32), t_ref[...].astype(_F32)
   valid = None
   if n_cols % block_v:  # the last V block reads past the vocabulary
     valid = j * block_v + lax.broadcasted_iota(jnp.int32, s.shape, 1) < n_cols
@@ -143,12 +159,11 @@ def _fwd_kernel_tpu(s_ref, t_ref, kl_ref, lse_s_ref, lse_t_ref, *scratch, n_cols
 
   @pl.when(j == pl.num_programs(1) - 1)
   def _():
-    for ref, val in zip((kl_ref, lse_s_ref, lse_t_ref), _finalize(carry)):
-      ref[...] = jnp.broadcast_to(val, ref.shape)
+    for ref, val in zip(out_refs, _stat_tiles(_finalize(carry))):
+      ref[...] = val
 
 
-def _fwd_kernel_gpu(s_ref, t_ref, kl_ref, lse_s_ref, lse_t_ref, *, n_rows, n_cols, block_n,
-                    block_v):
+def _fwd_kernel_gpu(s_ref, t_ref, *out_refs, n_rows, n_cols, block_n, block_v):
   rows = pl.program_id(0) * block_n + lax.broadcasted_iota(jnp.int32, (block_n, 1), 0)
   row_ok = rows < n_rows
 
@@ -156,17 +171,16 @@ def _fwd_kernel_gpu(s_ref, t_ref, kl_ref, lse_s_ref, lse_t_ref, *, n_rows, n_col
     cols = j * block_v + lax.broadcasted_iota(jnp.int32, (1, block_v), 1)
     valid = row_ok & (cols < n_cols)
     idx = (slice(None), pl.ds(j * block_v, block_v))
-    s = plgpu.load(s_ref.at[idx], mask=valid, other=0.0).astype(_F32)
-    t = plgpu.load(t_ref.at[idx], mask=valid, other=0.0).astype(_F32)
+    s, t = (plgpu.load(r.at[idx], mask=valid, other=0.0).astype(_F32) for r in (s_ref, t_ref))
     return _online_update(carry, s, t, valid)
 
   carry = lax.fori_loop(0, pl.cdiv(n_cols, block_v), body, _init(block_n))
   store_ok = jnp.broadcast_to(row_ok, (block_n, LANES))
-  for ref, val in zip((kl_ref, lse_s_ref, lse_t_ref), _finalize(carry)):
-    plgpu.store(ref, jnp.broadcast_to(val, (block_n, LANES)), mask=store_ok)
+  for ref, val in zip(out_refs, _stat_tiles(_finalize(carry))):
+    plgpu.store(ref, val, mask=store_ok)
 
 
-def _bwd_kernel(s_ref, t_ref, lse_s_ref, lse_t_ref, kl_ref, g_ref, *out_refs,
+def _bwd_kernel(s_ref, t_ref, kl_ref, st_s_ref, st_t_ref, g_ref, *out_refs,
                 n_rows, n_cols, block_n, block_v, masked):
   if masked:  # Triton: BlockSpec'd refs are raw pointers, so tails must be masked by hand
     rows = pl.program_id(0) * block_n + lax.broadcasted_iota(jnp.int32, (block_n, 1), 0)
@@ -177,10 +191,10 @@ def _bwd_kernel(s_ref, t_ref, lse_s_ref, lse_t_ref, kl_ref, g_ref, *out_refs,
   else:  # Mosaic: out-of-range reads are garbage rows/columns whose writes are dropped
     ok = stat_ok = None
     load = lambda ref, m: ref[...]  # noqa: E731
-  s = load(s_ref, ok).astype(_F32)
-  t = load(t_ref, ok).astype(_F32)
-  stats = [_col(load(r, stat_ok)) for r in (lse_s_ref, lse_t_ref, kl_ref, g_ref)]
-  grads = _grad_block(s, t, *stats, want_t=len(out_refs) == 2)
+  s, t = load(s_ref, ok).astype(_F32), load(t_ref, ok).astype(_F32)
+  kl, st_s, st_t, g = (load(r, stat_ok) for r in (kl_ref, st_s_ref, st_t_ref, g_ref))
+  stats = (_col(kl), *_unpair(st_s), *_unpair(st_t))
+  grads = _grad_block(s, t, stats, _col(g), want_t=len(out_refs) == 2)
   for ref, val in zip(out_refs, grads):
     if masked:
       plgpu.store(ref, val.astype(ref.dtype), mask=ok)
@@ -196,10 +210,11 @@ def _stat_spec(block_n, grid_rank):
 def _pallas_stats(s, t, cfg):
   n, v = s.shape
   bn, bv = cfg.block_n, cfg.block_v
-  stat_shape = jax.ShapeDtypeStruct((n, LANES), _F32)
   cost = pl.CostEstimate(
       flops=12 * n * v, transcendentals=2 * n * v,
       bytes_accessed=n * v * (s.dtype.itemsize + t.dtype.itemsize) + 3 * n * LANES * 4)
+  common = dict(out_shape=[jax.ShapeDtypeStruct((n, LANES), _F32)] * 3, cost_estimate=cost,
+                interpret=cfg.interpret, name="reverse_kl_fwd")
   if cfg.platform == "tpu":
     call = pl.pallas_call(
         functools.partial(_fwd_kernel_tpu, n_cols=v, block_v=bv),
@@ -208,32 +223,26 @@ def _pallas_stats(s, t, cfg):
         out_specs=[_stat_spec(bn, 2)] * 3,
         scratch_shapes=[pltpu.VMEM((bn, LANES), _F32)] * 5,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        out_shape=[stat_shape] * 3, cost_estimate=cost, interpret=cfg.interpret,
-        name="reverse_kl_fwd")
+        **common)
   else:
     call = pl.pallas_call(
         functools.partial(_fwd_kernel_gpu, n_rows=n, n_cols=v, block_n=bn, block_v=bv),
         grid=(pl.cdiv(n, bn),),
         in_specs=[pl.BlockSpec((bn, v), lambda i: (i, 0))] * 2,
         out_specs=[_stat_spec(bn, 1)] * 3,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-        out_shape=[stat_shape] * 3, cost_estimate=cost, interpret=cfg.interpret,
-        name="reverse_kl_fwd")
-  return tuple(x[:, 0] for x in call(s, t))
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2), **common)
+  kl, st_s, st_t = call(s, t)
+  return kl[:, 0], st_s[:, 0], st_s[:, -1], st_t[:, 0], st_t[:, -1]
 
 
-def _pallas_grads(s, t, stats, cfg, want_t):
+def _pallas_grads(s, t, stats, g, cfg, want_t):
   n, v = s.shape
   bn, bv = cfg.block_n, cfg.block_v
-  stats = [jnp.broadcast_to(x[:, None], (n, LANES)) for x in stats]
-  out_shape = [jax.ShapeDtypeStruct(s.shape, s.dtype)]
-  if want_t:
-    out_shape.append(jax.ShapeDtypeStruct(t.shape, t.dtype))
+  stats = (*_stat_tiles([x[:, None] for x in stats]), jnp.broadcast_to(g[:, None], (n, LANES)))
+  out_shape = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (s, t)[:1 + want_t]]
   tile = pl.BlockSpec((bn, bv), lambda i, j: (i, j))
-  if cfg.platform == "tpu":
-    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
-  else:
-    params = plgpu.CompilerParams(num_warps=4, num_stages=2)
+  params = (pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+            if cfg.platform == "tpu" else plgpu.CompilerParams(num_warps=4, num_stages=2))
   out_bytes = sum(n * v * x.dtype.itemsize for x in out_shape)
   call = pl.pallas_call(
       functools.partial(_bwd_kernel, n_rows=n, n_cols=v, block_n=bn, block_v=bv,
@@ -253,43 +262,36 @@ def _pallas_grads(s, t, stats, cfg, want_t):
 # --------------------------------------------------------------------------- chunked XLA path
 
 
-def _chunks(n, chunk, body, init):
-  # The last chunk is shifted back to end at n (rows recomputed identically), so no
-  # [tokens, V] array is ever padded or copied.
-  def step(i, carry):
-    return body(jnp.minimum(i * chunk, n - chunk), carry)
+def _chunks(s, t, cfg, body, outs):
+  """Writes body(rows of s, rows of t (f32), slicer of those rows) into `outs`, chunk by chunk.
 
-  return lax.fori_loop(0, pl.cdiv(n, chunk), step, init)
+  The last chunk is shifted back to end at n (rows recomputed identically), so no [tokens, V]
+  array is ever padded or copied.
+  """
+  n, c = s.shape[0], cfg.chunk
+
+  def step(i, outs):
+    start = jnp.minimum(i * c, n - c)
+    rows = lambda x: lax.dynamic_slice_in_dim(x, start, c)  # noqa: E731
+    vals = body(rows(s).astype(_F32), rows(t).astype(_F32), rows)
+    return tuple(lax.dynamic_update_slice_in_dim(o, x.astype(o.dtype), start, 0)
+                 for o, x in zip(outs, vals))
+
+  return lax.fori_loop(0, pl.cdiv(n, c), step, outs)
 
 
 def _xla_stats(s, t, cfg):
-  n, _ = s.shape
-  c = cfg.chunk
+  def body(s_c, t_c, _):
+    return [x[:, 0] for x in _finalize(_online_update(_init(cfg.chunk), s_c, t_c, None))]
 
-  def body(start, outs):
-    s_c = lax.dynamic_slice_in_dim(s, start, c).astype(_F32)
-    t_c = lax.dynamic_slice_in_dim(t, start, c).astype(_F32)
-    vals = _finalize(_online_update(_init(c), s_c, t_c, None))
-    return tuple(lax.dynamic_update_slice_in_dim(o, x[:, 0], start, 0)
-                 for o, x in zip(outs, vals))
-
-  return _chunks(n, c, body, (jnp.zeros((n,), _F32),) * 3)
+  return _chunks(s, t, cfg, body, (jnp.zeros((s.shape[0],), _F32),) * 5)
 
 
-def _xla_grads(s, t, stats, cfg, want_t):
-  n, _ = s.shape
-  c = cfg.chunk
+def _xla_grads(s, t, stats, g, cfg, want_t):
+  def body(s_c, t_c, rows):  # (ds, dt or None): the zip in _chunks drops the None
+    return _grad_block(s_c, t_c, [rows(x)[:, None] for x in stats], rows(g)[:, None], want_t)
 
-  def body(start, outs):
-    s_c = lax.dynamic_slice_in_dim(s, start, c).astype(_F32)
-    t_c = lax.dynamic_slice_in_dim(t, start, c).astype(_F32)
-    st = [lax.dynamic_slice_in_dim(x, start, c)[:, None] for x in stats]
-    grads = _grad_block(s_c, t_c, *st, want_t=want_t)
-    return tuple(lax.dynamic_update_slice_in_dim(o, x.astype(o.dtype), start, 0)
-                 for o, x in zip(outs, grads))
-
-  init = (jnp.zeros_like(s),) + ((jnp.zeros_like(t),) if want_t else ())
-  grads = _chunks(n, c, body, init)
+  grads = _chunks(s, t, cfg, body, (jnp.zeros_like(s),) + (jnp.zeros_like(t),) * want_t)
   return grads[0], (grads[1] if want_t else None)
 
 
@@ -317,18 +319,17 @@ def _reverse_kl_nv(s_tokV, t_tokV, cfg):
 
 def _reverse_kl_fwd(s_tokV, t_tokV, cfg):
   s, t = s_tokV.value, t_tokV.value
-  kl, lse_s, lse_t = _stats(s, t, cfg)
+  stats = _stats(s, t, cfg)
   # None vs () is static pytree structure: it tells the backward whether t needs a gradient.
   want_t = () if t_tokV.perturbed else None
-  return kl, (s, t, kl, lse_s, lse_t, want_t)
+  return stats[0], (s, t, stats, want_t)
 
 
 def _reverse_kl_bwd(cfg, res, g):
-  s, t, kl, lse_s, lse_t, want_t = res
-  if isinstance(g, SymbolicZero):
-    g = jnp.zeros_like(kl)
+  s, t, stats, want_t = res
+  g = jnp.zeros_like(stats[0]) if isinstance(g, SymbolicZero) else g.astype(_F32)
   grads = _pallas_grads if cfg.impl == "pallas" else _xla_grads
-  return grads(s, t, (lse_s, lse_t, kl, g.astype(_F32)), cfg, want_t is not None)
+  return grads(s, t, stats, g, cfg, want_t is not None)
 
 
 _reverse_kl_nv.defvjp(_reverse_kl_fwd, _reverse_kl_bwd, symbolic_zeros=True)
@@ -411,7 +412,9 @@ def reverse_kl(
 
 
 def reverse_kl_reference(student_logits: jax.Array, teacher_logits: jax.Array) -> jax.Array:
-  """Plain jnp KL(p_s || p_t) over the last axis (materialises everything); float32."""
+  """Plain jnp KL(p_s || p_t) over the last axis (materialises everything); float32. A token
+  with p_s = 0 (-inf student logit) adds 0 by a select (0 * -inf: nan value and gradient)."""
   log_p = jax.nn.log_softmax(student_logits.astype(_F32), axis=-1)
   log_q = jax.nn.log_softmax(teacher_logits.astype(_F32), axis=-1)
-  return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+  p = jnp.exp(log_p)
+  return jnp.sum(p * jnp.where(p > 0, log_p - log_q, 0.0), axis=-1)

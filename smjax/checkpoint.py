@@ -57,7 +57,7 @@ from orbax.checkpoint import checkpoint_managers as ocp_policy
 
 from smjax.checkpoint_meta import (_abstract, _checksum_dict, _from_json, _host_rng_from_json,
                                    _host_rng_to_json, _rng_from_json, _rng_to_json, _signature,
-                                   _to_json, config_diff)
+                                   _to_json, config_diff, one_line)
 from smjax.preemption import PreemptionGuard  # noqa: F401  (re-exported: loops import it from here)
 
 FORMAT_VERSION = 1
@@ -153,10 +153,12 @@ class Checkpointer:
                         "(orbax left %s); skipping it (orbax removes the folder)",
                         match.group(1), self.directory, path.name)
       elif path.name.isdigit() and (path / "metrics" / "metrics").exists():
+        file = path / "metrics" / "metrics"
         try:
-          json.loads((path / "metrics" / "metrics").read_text())
-        except ValueError as e:
-          self._quarantine(int(path.name), f"its metrics file is unreadable ({e})")
+          json.loads(file.read_text())
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+          self._quarantine(int(path.name), f"its metrics file is unreadable: {file}: not valid "
+                           f"JSON ({one_line(e)})")
 
   # ------------------------------------------------------------------------------ queries
 
@@ -221,31 +223,33 @@ class Checkpointer:
     Raises CorruptCheckpointError if the step cannot be restored as saved, ConfigMismatchError if
     the config differs in a run field, ValueError if `target`'s tree does not match.
     """
+    where = f"checkpoint step {step} ({self.directory / str(step)})"
+    fix = "delete that step directory, or resume with restore_latest (which moves it aside)"
     try:
       meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
       if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or (
           meta.get("step") != step):
-        raise CorruptCheckpointError(f"its meta JSON is not a smjax v{FORMAT_VERSION} record "
-                                     f"for step {step}")
+        raise CorruptCheckpointError(f"{where}: its meta JSON is not a smjax v{FORMAT_VERSION} "
+                                     f"record for step {step}; {fix}")
     except CorruptCheckpointError:
       raise
     except Exception as e:  # orbax/tensorstore/json raise many types for unreadable files
-      raise CorruptCheckpointError(f"its meta item is unreadable ({type(e).__name__}: "
-                                   f"{str(e)[:300]})") from e
+      raise CorruptCheckpointError(f"{where}: its meta item is unreadable ({type(e).__name__}: "
+                                   f"{one_line(e)}); expected the JSON orbax wrote; {fix}") from e
     self._check_config(step, meta.get("config"))
     self._check_signature(step, meta["signature"], target)
     try:
       state = self._mgr.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(_abstract(target)))).state
     except Exception as e:
-      raise CorruptCheckpointError(f"its arrays are unreadable ({type(e).__name__}: "
-                                   f"{str(e)[:300]})") from e
+      raise CorruptCheckpointError(f"{where}: its arrays are unreadable ({type(e).__name__}: "
+                                   f"{one_line(e)}); expected the files orbax wrote; {fix}") from e
     if self.verify and meta.get("checksums") is not None:
       got = _checksum_dict(state)
       bad = [k for k, v in meta["checksums"].items() if got.get(k) != v]
       if bad:
-        raise CorruptCheckpointError(f"{len(bad)} array(s) do not match their saved checksums: "
-                                     f"{', '.join(bad[:5])}")
+        raise CorruptCheckpointError(f"{where}: {len(bad)} array(s) do not match their saved "
+                                     f"checksums: {', '.join(bad[:5])}; {fix}")
     ledger = _from_json(meta.get("ledger"))
     if ledger_type is not None and ledger is not None:
       ledger = ledger_type.from_dict(ledger)
@@ -263,7 +267,7 @@ class Checkpointer:
       try:
         restored = self.restore(step, target, ledger_type=ledger_type)
       except CorruptCheckpointError as e:
-        self._quarantine(step, e)
+        self._quarantine(step, e, named=True)
         continue
       logging.info("resuming from checkpoint step %d in %s", step, self.directory)
       return restored
@@ -289,12 +293,14 @@ class Checkpointer:
                        "differ from the restore target (checkpoint -> target):\n  "
                        + "\n  ".join(rows[:20]))
 
-  def _quarantine(self, step: int, reason: Any) -> None:
-    """Reports a corrupt step and moves it out of orbax's directory (so it can be saved again)."""
+  def _quarantine(self, step: int, reason: Any, named: bool = False) -> None:
+    """Reports a corrupt step and moves it out of orbax's directory (so it can be saved again).
+    `named`: `reason` already names the step and its directory."""
     src = self.directory / str(step)
     dst = self.quarantine / f"{step}.{int(time.time() * 1000)}"
-    logging.warning("checkpoint step %d in %s is corrupt: %s; moved it to %s and falling back to "
-                    "the previous checkpoint", step, self.directory, reason, dst)
+    where = "" if named else f"checkpoint step {step} ({src}) is corrupt: "
+    logging.warning("%s%s. Moved it to %s; falling back to the previous checkpoint", where, reason,
+                    dst)
     if jax.process_index() == 0 and src.exists():
       self.quarantine.mkdir(parents=True, exist_ok=True)
       src.rename(dst)

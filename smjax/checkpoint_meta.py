@@ -1,11 +1,13 @@
 """What a checkpoint stores beside its arrays (smjax.checkpoint): JSON-safe metadata, config diffs,
-RNG states, the state's tree signature and per-leaf bit checksums.
+RNG states, the state's tree signature and per-leaf bit checksums; and `read_json`, the one reader
+of the project's small JSON files, whose errors name the file, the line or field, and what to do.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -13,6 +15,49 @@ import jax.numpy as jnp
 import numpy as np
 
 _BYTES_TAG = "__bytes_b64__"
+
+
+# ------------------------------------------------------------------------------ JSON files
+
+def one_line(text: Any, limit: int = 300) -> str:
+  """`text` with its whitespace runs (newlines included) collapsed, cut to `limit` characters: a
+  library's message quoted inside ours keeps the error on one line."""
+  return " ".join(str(text).split())[:limit]
+
+
+def require_keys(obj: Any, keys: Sequence[str], path: str, what: str) -> dict:
+  """`obj` if it is a JSON object holding every one of `keys`; else a ValueError naming the file
+  and the first missing field. `what` says what to do about it."""
+  if not isinstance(obj, dict):
+    raise ValueError(f"{path}: holds a JSON {type(obj).__name__}, expected a JSON object; {what}")
+  missing = [k for k in keys if k not in obj]
+  if missing:
+    raise ValueError(f"{path}: field {missing[0]!r} is missing (expected fields {list(keys)}; the "
+                     f"file has {sorted(obj)[:12]}); {what}")
+  return obj
+
+
+def read_json(path: str, what: str, *, keys: Sequence[str] = ()) -> dict:
+  """The JSON object in the file `path`, holding every one of `keys`.
+
+  Every fault is one line naming the file: FileNotFoundError if it is absent, ValueError if it is
+  not UTF-8, not valid JSON (with the line and column), not an object, or lacks one of `keys`.
+  `what` is what the user should do about it, e.g. "delete the phase directory to rerun it".
+  """
+  try:
+    with open(path, encoding="utf-8") as f:
+      text = f.read()
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no such file (expected a JSON object); {what}") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                     f"{e.start}); expected a JSON object; {what}") from None
+  try:
+    obj = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno}); "
+                     f"expected a JSON object; {what}") from None
+  return require_keys(obj, keys, path, what)
 
 
 # ------------------------------------------------------------------------------ JSON helpers

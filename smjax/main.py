@@ -1,23 +1,108 @@
 """Command-line entry point: `python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
 
-Also installed as the `smjax` console script. It restarts itself once with tcmalloc preloaded where
-that is installed (smjax.cpu_malloc). Everything it does is library code in
-smjax.study; this file only parses flags. Overrides use ml_collections' syntax, e.g.
-`--config.joint.steps=400`; an unknown field is an error naming it.
+Also installed as the `smjax` console script: `smjax study --config=... --workdir=...` (the same
+run) and `smjax report WORKDIR` (re-render a study's report, smjax.study.report_cli). It restarts
+itself once with tcmalloc preloaded where that is installed (smjax.cpu_malloc). Everything it does
+is library code in smjax.study; this file parses flags, sets up logging and reports errors.
+Overrides use ml_collections' syntax, e.g. `--config.joint.steps=400`.
+
+Quiet by default: the terminal gets progress bars, warnings, the phase lines and the final table;
+INFO records (absl, orbax, jax) go to WORKDIR/smjax.log, appended per run with timestamps.
+`--verbosity=1` or SMJAX_VERBOSE=1 sends INFO to the terminal too. A user error (a bad config
+value or override, a missing file, a full disk, a workdir that cannot be written) is one line,
+`smjax: error: ...`, exit 2; `--debug` or SMJAX_DEBUG=1 shows the traceback instead. A phase
+stopped by SIGTERM at a checkpoint exits 0 with its message (smjax.preemption). Importing smjax
+configures no logging: all of this happens only here.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import re
 import sys
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A configs/*.py file and its argument, e.g. configs/study.py:two_domain,demo.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the report.")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show tracebacks for errors (or SMJAX_DEBUG=1).")
+
+LOG_NAME = "smjax.log"
+USAGE = """usage: smjax <command> [flags]
+
+commands:
+  study   --config=configs/study.py:two_domain,demo --workdir=DIR
+          run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
+  report  WORKDIR [--out=DIR] [--bootstrap=N]
+          re-render a study's table, CSV, JSON and plot from its finished phases
+"""
+
+
+def _env_on(name: str) -> bool:
+  return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def setup_logging(workdir: str, verbose: bool) -> str:
+  """INFO and above to WORKDIR/smjax.log (appended, timestamped); the terminal keeps WARNING and
+  above unless `verbose`. Returns the log file's path (a temp file for a non-local workdir)."""
+  if "://" in workdir:  # gs:// and the like: keep the log local
+    import tempfile  # pylint: disable=import-outside-toplevel
+    path = os.path.join(tempfile.gettempdir(), f"smjax-{os.getpid()}.log")
+  else:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, LOG_NAME)
+  handler = logging.FileHandler(path, mode="a")
+  handler.setLevel(logging.INFO)
+  handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(name)s "
+                                         "%(filename)s:%(lineno)d] %(message)s"))
+  root = logging.getLogger()
+  root.addHandler(handler)
+  root.setLevel(min(root.level or logging.INFO, logging.INFO))
+  absl_logging.set_verbosity(max(absl_logging.get_verbosity(), absl_logging.INFO))
+  absl_logging.get_absl_handler().setLevel(logging.INFO if verbose else logging.WARNING)
+  return path
+
+
+def _one_line(text: str) -> str:
+  return "; ".join(s.strip() for s in str(text).splitlines() if s.strip())
+
+
+def user_error(e: BaseException) -> str | None:
+  """The one-line message for an error the user can fix from the command line; None otherwise."""
+  from smjax.checkpoint import ConfigMismatchError  # pylint: disable=import-outside-toplevel
+  if isinstance(e, flags.Error):
+    msg = str(e)
+    last = msg.strip().splitlines()[-1]  # config-file errors end with the traceback's last line
+    if "Traceback" in msg and ": " in last:
+      return f"{msg.splitlines()[0].split(': Error whilst')[0]}: {last.split(': ', 1)[1]}"
+    return _one_line(msg)
+  if isinstance(e, ConfigMismatchError):
+    msg = _one_line(e)
+    m = re.search(r" in (\S+) was written with a different config", msg)
+    if m:  # the library's advice (`ignore_fields`) does not apply on the command line
+      msg = msg.split("; Use a fresh workdir")[0]
+      msg += (f"; delete {os.path.dirname(m.group(1))} to rerun that phase, or use a fresh "
+              "--workdir")
+    return msg
+  if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+    return f"disk full (no space left on device) writing {e.filename or 'the workdir'}: free " \
+           "space or give a --workdir on another disk"
+  if isinstance(e, PermissionError):
+    return f"permission denied: {e.filename or e}: give a writable --workdir"
+  if isinstance(e, OSError):
+    m = re.search(r"No such file or directory: '([^']+)'", str(e))
+    if m and "config file" in str(e):
+      return f"config file {m.group(1)}: no such file; give --config=configs/<name>.py:<arg>"
+    return _one_line(e)
+  if isinstance(e, (ValueError, KeyError)):
+    return _one_line(e)
+  return None
 
 
 def main(argv):
@@ -26,25 +111,90 @@ def main(argv):
   if _CONFIG.value is None or _WORKDIR.value is None:
     raise app.UsageError("--config and --workdir are required, e.g. "
                          "--config=configs/study.py:two_domain,demo --workdir=runs/demo")
-  from smjax import cpu_malloc, distributed  # pylint: disable=import-outside-toplevel
-  logging.info("malloc: %s", cpu_malloc.STATUS)
-  distributed.maybe_initialize()  # multi-host pods: before any jax computation; no-op otherwise
-  from smjax.study.run import run_study  # pylint: disable=import-outside-toplevel
-  report = run_study(_CONFIG.value, _WORKDIR.value)
+  verbose = _env_on("SMJAX_VERBOSE") or absl_logging.get_verbosity() >= 1
+  created = "://" not in _WORKDIR.value and not os.path.exists(_WORKDIR.value)
+  log_path = setup_logging(_WORKDIR.value, verbose)
+  try:
+    from smjax import cpu_malloc, distributed  # pylint: disable=import-outside-toplevel
+    logging.info("malloc: %s", cpu_malloc.STATUS)
+    distributed.maybe_initialize()  # multi-host pods: before any jax computation; else no-op
+    from smjax.study.run import run_study  # pylint: disable=import-outside-toplevel
+    report = run_study(_CONFIG.value, _WORKDIR.value)
+  except BaseException:
+    # A run refused at start leaves no workdir behind that it created for its log alone.
+    if created and os.listdir(_WORKDIR.value) == [LOG_NAME]:
+      logging.shutdown()
+      import shutil  # pylint: disable=import-outside-toplevel
+      shutil.rmtree(_WORKDIR.value, ignore_errors=True)
+    raise
   print()
   print(report["table"])
   print(f"report: {report['paths']['json']}")
   print(f"plot:   {report['paths']['plot']}")
+  print(f"log:    {log_path}")
   print(f"TensorBoard: tensorboard --logdir {_WORKDIR.value}")
 
 
-def run():
-  """Console-script entry (`smjax --config=... --workdir=...`). Restarts itself once under tcmalloc
-  where it is installed (smjax.cpu_malloc.reexec_under_tcmalloc; SMJAX_CPU_MALLOC=glibc: no)."""
+def _fail(e: BaseException, debug: bool) -> None:
+  msg = None if debug else user_error(e)
+  if msg is None:
+    raise e
+  print(f"smjax: error: {msg}", file=sys.stderr)
+  sys.exit(2)
+
+
+def run(argv: list[str] | None = None):
+  """`python -m smjax.main` / `smjax study`. Restarts itself once under tcmalloc where it is
+  installed (smjax.cpu_malloc.reexec_under_tcmalloc; SMJAX_CPU_MALLOC=glibc: no)."""
   from smjax import cpu_malloc  # pylint: disable=import-outside-toplevel
   cpu_malloc.reexec_under_tcmalloc(sys.orig_argv[1:])  # as started, interpreter options too
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
-  app.run(main, argv=sys.argv)
+  argv = list(sys.argv if argv is None else argv)
+  debug = _env_on("SMJAX_DEBUG") or "--debug" in argv
+  try:
+    try:
+      parsed = flags.FLAGS(argv)
+    except (AttributeError, KeyError) as e:  # ml_collections: an override naming no field
+      name = str(e).strip("\"'")
+      bad = [a.split("=")[0] for a in argv if a.startswith("--config.") and name in a]
+      raise ValueError(f"{bad[0] if bad else name}: the config has no field {name!r}; check "
+                       "its spelling against the config file") from e
+    _ = _CONFIG.value  # loads the config file: its errors are the user's
+    app.run(main, argv=argv, flags_parser=lambda _: parsed)
+  except SystemExit as e:
+    if isinstance(e.code, str) and "stopped by SIGTERM" in e.code:
+      print(e.code, file=sys.stderr)  # preempted at a checkpoint: a clean stop (smjax.preemption)
+      sys.exit(0)
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(e, debug)
+
+
+def cli():
+  """The `smjax` console script: `smjax study ...` or `smjax report WORKDIR ...`."""
+  args = sys.argv[1:]
+  if not args or args[0] in ("-h", "--help", "help"):
+    print(USAGE, end="")
+    sys.exit(0 if args else 2)
+  if args[0] == "study":
+    run([sys.argv[0] + " study"] + args[1:])
+  elif args[0] == "report":
+    try:
+      from smjax.study import report_cli  # pylint: disable=import-outside-toplevel
+    except ImportError:
+      print("smjax: error: `smjax report` is not available in this install (no "
+            "smjax.study.report_cli)", file=sys.stderr)
+      sys.exit(2)
+    try:
+      sys.exit(report_cli.main(args[1:]))
+    except Exception as e:  # pylint: disable=broad-except
+      _fail(e, _env_on("SMJAX_DEBUG"))
+  elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
+    run()
+  else:
+    print(f"smjax: error: unknown command {args[0]!r}; expected study or report\n\n{USAGE}",
+          end="", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import pytest
 import tensorstore as ts
 
 from smjax.checkpoint import (DEFAULT_RUN_NEUTRAL_FIELDS, Checkpointer, ConfigMismatchError,
-                              PreemptionGuard, config_diff)
+                              CorruptCheckpointError, PreemptionGuard, config_diff)
 from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
 from smjax.train.state import OptimizerConfig, TrainState, make_optimizer
@@ -383,3 +383,19 @@ def test_relative_workdir_is_accepted(tmp_path, monkeypatch):
     restored = ckpt.restore_latest(state)
   assert restored.step == 3 and os.path.isdir(tmp_path / "runs" / "rel" / "checkpoints" / "3")
   np.testing.assert_array_equal(np.asarray(restored.state["w"]), np.arange(6.0).reshape(2, 3))
+
+
+def test_restore_of_a_corrupt_step_names_its_directory(tmp_path):
+  state = {"w": jnp.arange(6.0)}
+  with Checkpointer(str(tmp_path), async_save=False) as ckpt:
+    ckpt.save(4, state)
+  _garbage_meta(os.path.join(tmp_path, "checkpoints", "4"))
+  with pytest.raises(CorruptCheckpointError) as e:
+    Checkpointer(str(tmp_path), async_save=False).restore(4, state)
+  msg = str(e.value)
+  assert "\n" not in msg, msg
+  assert msg.startswith(f"checkpoint step 4 ({tmp_path}/checkpoints/4): its meta item is "
+                        "unreadable ("), msg
+  assert msg.endswith("delete that step directory, or resume with restore_latest (which moves it "
+                      "aside)"), msg
+

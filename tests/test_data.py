@@ -9,6 +9,7 @@ import grain
 import numpy as np
 import pytest
 
+from errors import one_line_error
 from smjax.data import prompt_pipeline
 from smjax.domains import get_domain
 from smjax.models.tokenizer import CharTokenizer
@@ -140,3 +141,69 @@ def test_bad_arguments():
     prompt_pipeline(_domains(), batch_size=0, shard=ONE)
   with pytest.raises(ValueError, match="split='dev' must be one of"):
     prompt_pipeline(_domains(), batch_size=4, split="dev", shard=ONE)
+
+
+# ------------------------------------------------------------------ unreadable record files
+# Each fault is one line naming the file (and the line), what was expected and what to do, and
+# is raised before any record is used.
+
+def _q(i):
+  return json.dumps({"question": f"q{i}", "answer": str(i)}).encode() + b"\n"
+
+
+def test_non_utf8_jsonl_names_file_and_line(tmp_path):
+  path = tmp_path / "latin1.jsonl"
+  path.write_bytes(_q(1) + _q(2) + b'{"question": "caf\xe9", "answer": "1"}\n' + _q(4))
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}:3: not UTF-8 (byte 0xe9 at column 18)", "re-encode")
+
+
+def test_jsonl_line_that_is_not_json_names_file_and_line(tmp_path):
+  path = tmp_path / "broken.jsonl"
+  path.write_bytes(_q(1) + b"\n" + b'{"question": "q", "answer": \n' + _q(4))
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}:3: not valid JSON (Expecting value, column", "fix or remove")
+
+
+def test_jsonl_record_missing_a_field_names_file_line_and_field(tmp_path):
+  path = tmp_path / "partial.jsonl"
+  path.write_bytes(_q(1) + b'{"question": "q2"}\n')
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}:2: missing field 'answer' (or 'solution')",
+                  "expected a string or a number", "add the field or remove the record")
+
+
+def test_truncated_gzip_jsonl_is_named(tmp_path):
+  import gzip
+  blob = gzip.compress(b"".join(_q(i) for i in range(2000)))
+  path = tmp_path / "cut.jsonl.gz"
+  path.write_bytes(blob[:len(blob) // 2])
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}: the gzip stream is truncated or corrupt after line", "EOFError",
+                  "re-download or re-compress")
+  not_gz = tmp_path / "plain.jsonl.gz"
+  not_gz.write_bytes(_q(1))
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{not_gz}").all_examples()
+  one_line_error(e, f"{not_gz}: the gzip stream is truncated or corrupt after line 0",
+                  "BadGzipFile")
+
+
+def test_parquet_that_is_not_parquet_is_named(tmp_path):
+  path = tmp_path / "fake.parquet"
+  path.write_bytes(_q(1) * 10)
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}: not a readable Parquet file (", "re-export or re-download")
+
+
+def test_empty_record_file_is_named(tmp_path):
+  path = tmp_path / "empty.jsonl"
+  path.write_bytes(b"\n\n")
+  with pytest.raises(ValueError) as e:
+    get_domain(f"jsonl_math:{path}").all_examples()
+  one_line_error(e, f"{path}: no records", "expected at least one math record")

@@ -11,8 +11,9 @@ import transformers
 import jax
 import jax.numpy as jnp
 
+from errors import one_line_error
 from hf_models import tiny_hf_model
-from smjax.models import hf
+from smjax.models import hf, safetensors_io
 from smjax.models.tokenizer import CharTokenizer, HFTokenizer
 from smjax.models.transformer import Transformer, init_params
 from smjax.models.presets import get_preset
@@ -136,3 +137,106 @@ def test_tokenizers_share_an_interface(tmp_path):
   assert max(c.encode("~ \n")) < c.vocab_size
   with pytest.raises(ValueError, match="cannot encode character"):
     c.encode("é")
+
+
+# ------------------------------------------------------------------- unreadable model files
+# Each fault is one line naming the file (and the field or tensor), what was expected and what to
+# do, raised before any tensor is converted.
+
+def test_truncated_safetensors_names_file_and_tensor(tmp_path):
+  from safetensors.numpy import save_file
+  file = str(tmp_path / "t.safetensors")
+  save_file({"a": np.ones((4, 4), np.float32), "b": np.arange(64, dtype=np.float32)}, file)
+  size = os.path.getsize(file)
+  with open(file, "r+b") as f:
+    f.truncate(size - 10)  # cuts into the last tensor's bytes
+  with pytest.raises(ValueError) as e:
+    safetensors_io.SafetensorsFile(file)
+  one_line_error(e, f"{file}: tensor 'b' needs data bytes 64..320", "the file is truncated",
+                  f"expected {size} bytes, found {size - 10}", "re-download")
+  with open(file, "r+b") as f:
+    f.truncate(20)  # cuts into the JSON header
+  with pytest.raises(ValueError) as e:
+    safetensors_io.SafetensorsFile(file)
+  one_line_error(e, f"{file}: header says", "bytes of JSON but the file has 20 bytes")
+  with open(file, "r+b") as f:
+    f.truncate(3)
+  with pytest.raises(ValueError) as e:
+    safetensors_io.SafetensorsFile(file)
+  one_line_error(e, f"{file}: 3 bytes, too short for a safetensors header")
+
+
+def test_truncated_model_safetensors_fails_before_loading(tmp_path, qwen3_dir):
+  path = _copy(qwen3_dir, str(tmp_path / "m"))
+  file = os.path.join(path, "model.safetensors")
+  with open(file, "r+b") as f:
+    f.truncate(os.path.getsize(file) // 2)
+  with pytest.raises(ValueError) as e:
+    hf.load_params(path)
+  one_line_error(e, f"{file}: tensor 'model.", "the file is truncated")
+
+
+def test_index_naming_a_missing_shard_is_named(tmp_path, qwen3_dir):
+  path = str(tmp_path / "m")
+  transformers.AutoModelForCausalLM.from_pretrained(qwen3_dir).save_pretrained(
+      path, max_shard_size="20KB")
+  index = os.path.join(path, "model.safetensors.index.json")
+  weight_map = json.load(open(index))["weight_map"]
+  shard = weight_map["model.norm.weight"]
+  os.remove(os.path.join(path, shard))
+  with pytest.raises(FileNotFoundError) as e:
+    hf.load_params(path)
+  one_line_error(e, f"{index} names shard {shard}", f"{os.path.join(path, shard)} does not exist",
+                  "re-download")
+  open(index, "w").write('{"metadata": {}, "weight_map": {"model.norm.weight": ')
+  with pytest.raises(ValueError) as e:
+    hf.load_params(path)
+  one_line_error(e, f"{index}: not valid JSON (Expecting value, line 1 column 54)")
+
+
+def test_truncated_config_json_is_named(tmp_path, qwen3_dir):
+  path = _copy(qwen3_dir, str(tmp_path / "m"))
+  file = os.path.join(path, "config.json")
+  text = open(file).read()
+  open(file, "w").write(text[:len(text) // 2])
+  with pytest.raises(ValueError) as e:
+    hf.load_params(path)
+  one_line_error(e, f"{file}: not valid JSON (", ", line ", "re-download config.json")
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("num_attention_heads", None, "field 'num_attention_heads' is missing; expected a positive "
+     "integer (the number of query heads)"),
+    ("hidden_size", "48", "field 'hidden_size' is '48'; expected a positive integer"),
+])
+def test_config_json_missing_or_bad_field_is_named(tmp_path, qwen3_dir, field, value, expected):
+  path = _copy(qwen3_dir, str(tmp_path / "m"))
+  file = os.path.join(path, "config.json")
+  cfg = json.load(open(file))
+  if value is None:
+    del cfg[field]
+  else:
+    cfg[field] = value
+  json.dump(cfg, open(file, "w"))
+  with pytest.raises(ValueError) as e:
+    hf.config_from_hf(path)
+  one_line_error(e, f"{file}: {expected}", "re-download config.json")
+
+
+def test_garbled_tokenizer_files_are_named(tmp_path):
+  file = tmp_path / "tokenizer.json"
+  file.write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a": ')
+  with pytest.raises(ValueError) as e:
+    HFTokenizer(str(tmp_path))
+  one_line_error(e, f"{file}: not a readable tokenizer.json (", "re-download it")
+  from tokenizers import Tokenizer, models
+  Tokenizer(models.WordPiece({"<eos>": 0, "a": 1}, unk_token="<eos>")).save(str(file))
+  config = tmp_path / "tokenizer_config.json"
+  config.write_bytes(b'{"eos_token": "<eos>",\n "pad_token": \xff}')
+  with pytest.raises(ValueError) as e:
+    HFTokenizer(str(tmp_path))
+  one_line_error(e, f"{config}: not UTF-8 text (byte 0xff at offset 37)", "pass eos_token=")
+  config.write_text('{"eos_token": "<eos>",\n "pad_token": }')
+  with pytest.raises(ValueError) as e:
+    HFTokenizer(str(tmp_path))
+  one_line_error(e, f"{config}: not valid JSON (Expecting value, line 2 column 15)")

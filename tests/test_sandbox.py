@@ -6,9 +6,12 @@ work, since the project's setup installs bubblewrap.
 """
 
 import collections
+import glob
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -137,6 +140,45 @@ def test_candidates_import_the_real_standard_library(pool):
   # (smjax/rewards/math.py must never shadow the candidates' `math`.)
   r = _run(pool, Job(STDLIB, calls=((10,),)))
   assert r.matches([(3, "[10]", "5/2")]), r
+
+
+IMPORTS = ("import base64, unicodedata, difflib, queue, csv, threading\n"
+           "def f(s):\n  return (base64.b64encode(s.encode()).decode(), unicodedata.name(s[0]),\n"
+           "          difflib.SequenceMatcher(None, s, s + 'x').ratio(), queue.Queue().qsize(),\n"
+           "          next(csv.reader([s + ',1'])), threading.active_count())\n")
+IMPORTS_OUT = [("aGk=", "LATIN SMALL LETTER H", 0.8, 0, ["hi", "1"], 1)]
+
+
+def test_candidates_import_modules_the_worker_did_not_preload(pool):
+  # None of these is loaded in advance by the worker; under unshare, with Python under a 0700
+  # directory (a pyenv in /root), they used to fail with ModuleNotFoundError.
+  r = _run(pool, Job(IMPORTS, calls=(("hi",),)))
+  assert r.matches(IMPORTS_OUT), r
+
+
+def test_print_output_is_kept_without_flush(pool):
+  prog = "print('loaded')\ndef f(x):\n  print('called', x)\n  return x\n"
+  r = _run(pool, Job(prog, calls=((3,),)))
+  assert r.matches([3]) and r.output == "loaded\ncalled 3\n", r
+  tests = "def check(candidate):\n  assert candidate(4) == 4\n"
+  r = _run(pool, Job(prog, tests=tests))
+  assert r.passed is True and r.output == "loaded\ncalled 4\n", r
+  r = _run(pool, Job("print('before the loop')\nwhile True:\n  pass\n", calls=((0,),),
+                     limits=Limits(timeout_s=T)))
+  assert r.status == "timeout" and r.output == "before the loop\n", r
+
+
+def test_candidate_that_fails_to_load_reports_its_own_error(pool):
+  prog = "print('about to fail')\nraise ValueError('bad candidate 42')\n"
+  # The prelude's sleep lets the candidate exit before the tests call it: its error must still
+  # be what is reported, not the broken pipe to the process that has gone.
+  tests = "def check(candidate):\n  assert candidate(1) == 1\n"
+  r = _run(pool, Job(prog, tests=tests, prelude="import time\ntime.sleep(0.3)\n"))
+  assert r.passed is False and "ValueError: bad candidate 42" in r.detail, r
+  assert r.output == "about to fail\n", r
+  r = _run(pool, Job(prog, calls=((1,),)))
+  assert r.status == "error" and r.detail == "ValueError: bad candidate 42", r
+  assert r.output == "about to fail\n", r
 
 
 def test_candidate_gets_fresh_empty_directory(pool):
@@ -311,3 +353,75 @@ def test_fresh_interpreter_mode():
   with SandboxPool(2, fresh_interpreter=True) as p:
     rs = p.run([Job("x * 2", kind="expr", calls=((i,),)) for i in range(4)])
   assert [r.matches([2 * i]) for i, r in enumerate(rs)] == [True] * 4
+
+
+# ------------------------------------------------------- Python under a 0700 directory (pyenv)
+def _python_under_0700(base, monkeypatch, *, stdlib_0700=False):
+  """Makes pools start this interpreter relocated to base/hidden/py with base/hidden 0700, as a
+  pyenv in /root is: a link to the binary, the real standard library behind a symlink
+  (stdlib_0700: behind a 0700 directory of symlinks, which no rebinding of parents can expose)."""
+  exe, _ = sandbox._python()
+  stdlib = os.path.dirname(os.__file__)
+  hidden = base / "hidden"
+  py = hidden / "py"
+  (py / "bin").mkdir(parents=True)
+  (py / "lib").mkdir()
+  for lib in glob.glob(os.path.join(sys.base_prefix, "lib", "libpython*")):
+    (py / "lib" / os.path.basename(lib)).symlink_to(lib)  # for a $ORIGIN-relative libpython
+  new_exe = py / "bin" / os.path.basename(exe)
+  try:
+    os.link(exe, new_exe)
+  except OSError:
+    shutil.copy2(exe, new_exe)
+  lib = py / "lib" / os.path.basename(stdlib)
+  if stdlib_0700:
+    lib.mkdir(mode=0o700)
+    for name in os.listdir(stdlib):
+      (lib / name).symlink_to(os.path.join(stdlib, name))
+  else:
+    lib.symlink_to(stdlib)
+  hidden.chmod(0o700)
+  out = subprocess.run([str(new_exe), "-I", "-S", "-c", "import sys; print(sys.path[1])"],
+                       capture_output=True, text=True, check=False)
+  if out.stdout.strip() != str(lib):
+    pytest.skip(f"this interpreter does not run relocated: {out}")
+  monkeypatch.setattr(sandbox, "_python", lambda: (str(new_exe), str(py)))
+
+
+needs_unshare_as_root = pytest.mark.skipif(
+    "unshare" not in MODES or os.getuid() != 0,
+    reason="needs unshare, as root (only a root worker drops candidates to other uids)")
+
+
+@needs_unshare_as_root
+def test_unshare_gives_candidates_the_stdlib_under_a_0700_parent(tmp_path, monkeypatch):
+  _python_under_0700(tmp_path, monkeypatch)
+  data = tmp_path / "hidden" / "data"  # an ro_bind under the same 0700 directory
+  data.mkdir()
+  (data / "x.txt").write_text("shared")
+  (data / "x.txt").chmod(0o644)
+  read = f"def f(_):\n  return open({str(data / 'x.txt')!r}).read()\n"
+  with SandboxPool(1, isolation="unshare", ro_binds=[data]) as p:
+    r, ok, shared = p.run([Job(IMPORTS, calls=(("hi",),)), Job(STDLIB, calls=((10,),)),
+                           Job(read, calls=((0,),))])
+  assert r.matches(IMPORTS_OUT), r
+  assert ok.matches([(3, "[10]", "5/2")]), ok
+  assert shared.matches(["shared"]), shared
+
+
+@needs_unshare_as_root
+def test_unshare_refuses_to_start_when_the_stdlib_stays_unreadable(tmp_path, monkeypatch):
+  _python_under_0700(tmp_path, monkeypatch, stdlib_0700=True)
+  with pytest.raises(RuntimeError, match="refuses to start.*cannot read.*bubblewrap"):
+    SandboxPool(1, isolation="unshare")
+
+
+@needs_unshare_as_root
+def test_none_mode_says_when_candidates_cannot_import_the_stdlib(tmp_path, monkeypatch):
+  _python_under_0700(tmp_path, monkeypatch)
+  with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    with SandboxPool(1, isolation="none") as p:
+      (r,) = p.run([Job(STDLIB, calls=((10,),))])
+  assert r.matches([(3, "[10]", "5/2")]), r  # preloaded modules still work
+  assert any("can import only the modules" in str(x.message) for x in w), [*map(str, w)]

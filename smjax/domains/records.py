@@ -10,6 +10,7 @@ import functools
 import gzip
 import json
 import os
+import zlib
 from typing import Any, Mapping, Sequence
 
 # field -> (accepted types, aliases, description of what is expected)
@@ -26,45 +27,79 @@ CODE_SCHEMA: Schema = {
 }
 
 
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).split())[:200]
+
+
+def _read_parquet(path: str) -> list[tuple[str, Any]]:
+  import pyarrow as pa  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  try:
+    rows = pq.read_table(path).to_pylist()
+  except (pa.ArrowException, OSError) as e:  # ArrowInvalid: not Parquet, or a truncated footer
+    raise ValueError(f"{path}: not a readable Parquet file ({_one_line(e)}); expected a Parquet "
+                     "table with one row per record; re-export or re-download it") from None
+  return [(f"row {i + 1}", rec) for i, rec in enumerate(rows)]
+
+
+def _read_jsonl(path: str) -> list[tuple[str, Any]]:
+  # Bytes are decoded line by line, so a bad byte is reported with its line number.
+  opener = gzip.open if path.endswith(".gz") else open
+  out, i = [], 0
+  try:
+    with opener(path, "rb") as f:
+      for i, raw in enumerate(f, start=1):
+        try:
+          line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          raise ValueError(f"{path}:{i}: not UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                           f"{e.start + 1}); expected UTF-8 JSON lines; re-encode the file as "
+                           "UTF-8 (e.g. iconv -t utf-8)") from None
+        if not line.strip():
+          continue
+        try:
+          out.append((f"line {i}", json.loads(line)))
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{i}: not valid JSON ({e.msg}, column {e.colno}); expected "
+                           "one JSON object per line; fix or remove that line") from None
+  except (EOFError, OSError, zlib.error) as e:  # gzip: truncated stream, bad header, bad data
+    if not path.endswith(".gz"):
+      raise
+    raise ValueError(f"{path}: the gzip stream is truncated or corrupt after line {i} "
+                     f"({type(e).__name__}: {_one_line(e)}); expected a complete gzip file of JSON "
+                     "lines; re-download or re-compress it (gzip -t checks it)") from None
+  return out
+
+
 def _read_raw(path: str) -> list[tuple[str, Any]]:
-  """[(location, record)] where location is 'line N' or 'row N' (1-based)."""
+  """[(location, record)] where location is 'line N' or 'row N' (1-based). The whole file is read
+  and decoded before any record is used, so a fault anywhere in it raises first."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no such file (expected a .jsonl, .jsonl.gz or .parquet)")
   if path.endswith(".parquet"):
-    import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
-    return [(f"row {i + 1}", rec) for i, rec in enumerate(pq.read_table(path).to_pylist())]
+    return _read_parquet(path)
   if not path.endswith((".jsonl", ".jsonl.gz", ".json", ".ndjson")):
     raise ValueError(f"{path}: unknown file type (expected .jsonl, .jsonl.gz or .parquet)")
-  opener = gzip.open if path.endswith(".gz") else open
-  out = []
-  with opener(path, "rt", encoding="utf-8") as f:
-    for i, line in enumerate(f, start=1):
-      if not line.strip():
-        continue
-      try:
-        out.append((f"line {i}", json.loads(line)))
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
-  return out
+  return _read_jsonl(path)
 
 
 def _check(path: str, where: str, rec: Any, schema: Schema) -> dict:
   loc = f"{path}:{where.split()[1]}" if where.startswith("line") else f"{path}: {where}"
   if not isinstance(rec, dict):
     raise ValueError(f"{loc}: record is {type(rec).__name__}, expected a JSON object with fields "
-                     f"{sorted(schema)}")
+                     f"{sorted(schema)}; fix or remove the record")
   out = dict(rec)
   for field, (types, aliases, expected) in schema.items():
     name = next((n for n in (field,) + aliases if n in rec), None)
     if name is None:
       alias = f" (or {' / '.join(repr(a) for a in aliases)})" if aliases else ""
       raise ValueError(f"{loc}: missing field {field!r}{alias}: expected {expected}; record has "
-                       f"{sorted(rec)}")
+                       f"{sorted(rec)}; add the field or remove the record")
     value = rec[name]
     if not isinstance(value, types) or isinstance(value, bool) or (
         isinstance(value, list) and not all(isinstance(v, str) for v in value)):
       raise ValueError(f"{loc}: field {name!r} is {type(value).__name__} "
-                       f"({str(value)[:60]!r}), expected {expected}")
+                       f"({str(value)[:60]!r}), expected {expected}; fix or remove the record")
     out[field] = value
   return out
 
@@ -79,7 +114,8 @@ def _load_cached(path: str, mtime: float, schema_key: str) -> tuple[dict, ...]:
     rec["_where"] = f"{path}:{where}"
     recs.append(rec)
   if not recs:
-    raise ValueError(f"{path}: no records")
+    raise ValueError(f"{path}: no records (the file is empty or blank); expected at least one "
+                     f"{schema_key} record with fields {sorted(schema)}")
   return tuple(recs)
 
 

@@ -1,8 +1,10 @@
 """Hugging Face checkpoints in and out: config.json, safetensors (single or sharded), tokenizer.json.
 
-Loading reads the safetensors files through a memory map and converts one tensor at a time into our
-layout and dtype, so the checkpoint is never held twice in host memory. Export writes a directory
-that `transformers.AutoModelForCausalLM.from_pretrained` loads (tested in tests/test_hf.py).
+Loading reads the safetensors files through a memory map (smjax.models.safetensors_io) and converts
+one tensor at a time into our layout and dtype, so the checkpoint is never held twice in host
+memory. Export writes a directory that `transformers.AutoModelForCausalLM.from_pretrained` loads
+(tested in tests/test_hf.py). A config.json or weight file that cannot be read is refused before
+any tensor is converted, naming the file and the field or tensor.
 
 Supported `architectures`: Qwen2ForCausalLM (Qwen2, Qwen2.5), Qwen3ForCausalLM, LlamaForCausalLM.
 """
@@ -10,27 +12,44 @@ Supported `architectures`: Qwen2ForCausalLM (Qwen2, Qwen2.5), Qwen3ForCausalLM, 
 from __future__ import annotations
 
 import json
-import mmap
 import os
 from typing import Any, Callable, Iterator
 
 import ml_dtypes
 import numpy as np
 
+from smjax.checkpoint_meta import read_json, require_keys
+from smjax.models.safetensors_io import HFWeights, write_safetensors  # noqa: F401 (public here)
 from smjax.models.transformer import ModelConfig, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")
 
-_ST_DTYPES = {
-    "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype(np.float64),
-    "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-}
-_NP_TO_ST = {v: k for k, v in _ST_DTYPES.items()}
 _HF_DTYPE_NAMES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 # ----------------------------------------------------------------------------------------- config
+
+_REDOWNLOAD = "re-download config.json or copy it from the model's Hugging Face repository"
+_REQUIRED_FIELDS = {
+    "vocab_size": "the vocabulary size", "hidden_size": "the model dimension",
+    "num_hidden_layers": "the number of layers", "num_attention_heads": "the number of query heads",
+    "intermediate_size": "the MLP dimension",
+}
+_OPTIONAL_FIELDS = {"num_key_value_heads": "the number of kv heads", "head_dim": "the head dim",
+                    "max_position_embeddings": "the longest sequence"}
+
+
+def _int_field(hf: dict, field: str, file: str, what: str) -> int:
+  """hf[field] as a positive int, or a ValueError naming the file and the field."""
+  if field not in hf:
+    raise ValueError(f"{file}: field {field!r} is missing; expected a positive integer ({what}); "
+                     f"the file may be truncated or not a decoder config; {_REDOWNLOAD}")
+  value = hf[field]
+  if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    raise ValueError(f"{file}: field {field!r} is {value!r}; expected a positive integer ({what}); "
+                     f"{_REDOWNLOAD}")
+  return value
+
 
 def config_from_hf(path: str, *, param_dtype: str = "float32", dtype: str = "float32",
                    max_seq_len: int | None = None) -> ModelConfig:
@@ -38,13 +57,17 @@ def config_from_hf(path: str, *, param_dtype: str = "float32", dtype: str = "flo
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
     raise FileNotFoundError(f"{file} does not exist: expected a Hugging Face model directory")
-  with open(file) as f:
-    hf = json.load(f)
+  hf = read_json(file, _REDOWNLOAD)
   archs = hf.get("architectures") or []
   if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
     raise ValueError(f"{file}: architectures={archs} is not supported; expected exactly one of "
                      f"{list(SUPPORTED_ARCHITECTURES)}")
   arch = archs[0]
+  for field, what in _REQUIRED_FIELDS.items():
+    _int_field(hf, field, file, what)
+  for field, what in _OPTIONAL_FIELDS.items():
+    if hf.get(field) is not None:
+      _int_field(hf, field, file, what)
   if hf.get("use_sliding_window"):
     raise ValueError(f"{file}: use_sliding_window=true is not supported (full attention only)")
   if hf.get("hidden_act", "silu") != "silu":
@@ -58,6 +81,8 @@ def config_from_hf(path: str, *, param_dtype: str = "float32", dtype: str = "flo
     rope_type = rs.get("rope_type", rs.get("type", "default"))
     rope_theta = rs.get("rope_theta", rope_theta)
     if rope_type == "llama3":
+      require_keys(rs, ("factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings"), f"{file} (rope_scaling)", _REDOWNLOAD)
       scaling = RopeScaling(factor=float(rs["factor"]), low_freq_factor=float(rs["low_freq_factor"]),
                             high_freq_factor=float(rs["high_freq_factor"]),
                             original_max_position_embeddings=int(
@@ -66,6 +91,10 @@ def config_from_hf(path: str, *, param_dtype: str = "float32", dtype: str = "flo
       raise ValueError(f"{file}: rope_scaling type {rope_type!r} is not supported; expected "
                        "'llama3' or none")
   n_heads = hf["num_attention_heads"]
+  if not hf.get("head_dim") and hf["hidden_size"] % n_heads:
+    raise ValueError(f"{file}: hidden_size={hf['hidden_size']} is not a multiple of "
+                     f"num_attention_heads={n_heads} and head_dim is absent; expected head_dim "
+                     "or a divisible hidden_size; fix the config")
   head_dim = hf.get("head_dim") or hf["hidden_size"] // n_heads
   is_qwen2 = arch == "Qwen2ForCausalLM"
   qkv_bias = True if is_qwen2 else bool(hf.get("attention_bias", False))
@@ -111,98 +140,6 @@ def config_to_hf(cfg: ModelConfig, architecture: str) -> dict:
                            "high_freq_factor": sc.high_freq_factor,
                            "original_max_position_embeddings": sc.original_max_position_embeddings}
   return out
-
-
-# ------------------------------------------------------------------------------------ safetensors
-
-class _SafetensorsFile:
-  """A memory-mapped safetensors file: tensors are read lazily, one at a time."""
-
-  def __init__(self, file: str):
-    self.file = file
-    self._f = open(file, "rb")
-    self._mm = mmap.mmap(self._f.fileno(), 0, access=mmap.ACCESS_READ)
-    n = int.from_bytes(self._mm[:8], "little")
-    self.header = json.loads(self._mm[8:8 + n])
-    self.header.pop("__metadata__", None)
-    self._base = 8 + n
-
-  def get(self, name: str) -> np.ndarray:
-    info = self.header[name]
-    if info["dtype"] not in _ST_DTYPES:
-      raise ValueError(f"{self.file}: tensor {name} has dtype {info['dtype']}; expected one of "
-                       f"{sorted(_ST_DTYPES)}")
-    start, end = info["data_offsets"]
-    return np.frombuffer(self._mm, dtype=_ST_DTYPES[info["dtype"]], count=int(np.prod(
-        info["shape"], dtype=np.int64)), offset=self._base + start).reshape(info["shape"])
-
-  def close(self):
-    try:
-      self._mm.close()
-    except BufferError:
-      pass  # a caller still holds a view of a tensor; the map closes when that view is freed
-    self._f.close()
-
-
-class _Checkpoint:
-  """All safetensors files of an HF directory, single-file or sharded with an index."""
-
-  def __init__(self, path: str):
-    index = os.path.join(path, "model.safetensors.index.json")
-    single = os.path.join(path, "model.safetensors")
-    if os.path.exists(index):
-      with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
-      files = sorted(set(weight_map.values()))
-      for name in files:
-        if not os.path.exists(os.path.join(path, name)):
-          raise FileNotFoundError(f"{index} names shard {name}, but {os.path.join(path, name)} "
-                                  "does not exist")
-      self._files = {name: _SafetensorsFile(os.path.join(path, name)) for name in files}
-      self._where = {k: self._files[v] for k, v in weight_map.items()}
-    elif os.path.exists(single):
-      f = _SafetensorsFile(single)
-      self._files = {"model.safetensors": f}
-      self._where = {k: f for k in f.header}
-    else:
-      raise FileNotFoundError(f"{path}: neither model.safetensors nor "
-                              "model.safetensors.index.json exists")
-    self.path = path
-
-  def names(self):
-    return set(self._where)
-
-  def get(self, name: str) -> np.ndarray:
-    if name not in self._where:
-      raise KeyError(f"{self.path}: tensor {name!r} is missing from the checkpoint")
-    return self._where[name].get(name)
-
-  def close(self):
-    for f in self._files.values():
-      f.close()
-
-
-def write_safetensors(file: str, tensors: dict[str, np.ndarray]) -> None:
-  """Writes numpy arrays (bfloat16 included, via ml_dtypes) to one safetensors file."""
-  header, offset = {}, 0
-  for name, arr in tensors.items():
-    dt = np.dtype(arr.dtype)
-    if dt not in _NP_TO_ST:
-      raise ValueError(f"tensor {name} has dtype {dt}; expected one of {list(_NP_TO_ST)}")
-    nbytes = arr.nbytes
-    header[name] = {"dtype": _NP_TO_ST[dt], "shape": list(arr.shape),
-                    "data_offsets": [offset, offset + nbytes]}
-    offset += nbytes
-  header["__metadata__"] = {"format": "pt"}
-  blob = json.dumps(header, separators=(",", ":")).encode()
-  blob += b" " * (-len(blob) % 8)
-  tmp = file + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(len(blob).to_bytes(8, "little"))
-    f.write(blob)
-    for arr in tensors.values():
-      f.write(np.ascontiguousarray(arr).tobytes())
-  os.replace(tmp, file)
 
 
 # ------------------------------------------------------------------------------- name/shape mapping
@@ -267,7 +204,7 @@ def load_params(path: str, cfg: ModelConfig | None = None, *, put: Callable | No
   if cfg is None:
     cfg = config_from_hf(path, param_dtype=param_dtype or "float32")
   target = np.dtype(cfg.jnp_param_dtype)
-  ckpt = _Checkpoint(path)
+  ckpt = HFWeights(path)
   try:
     params: dict[str, Any] = {}
     expected = set()

@@ -6,7 +6,6 @@ Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size`, `pa
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Protocol, Sequence
 
@@ -74,12 +73,18 @@ class HFTokenizer:
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.exists(file):
       raise FileNotFoundError(f"tokenizer file {file} does not exist (expected a tokenizer.json)")
-    self._tok = _Tok.from_file(file)
+    try:
+      self._tok = _Tok.from_file(file)
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception)
+      raise ValueError(f"{file}: not a readable tokenizer.json ({' '.join(str(e).split())[:200]}); "
+                       "expected a Hugging Face `tokenizers` JSON file; re-download it from the "
+                       "model's repository") from None
     config = {}
     config_file = os.path.join(os.path.dirname(file), "tokenizer_config.json")
     if os.path.exists(config_file):
-      with open(config_file) as f:
-        config = json.load(f)
+      from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+      config = read_json(config_file, "re-download it from the model's repository, or delete it "
+                         "and pass eos_token= (and pad_token=, bos_token=)")
 
     def _special(explicit, key):
       name = explicit or config.get(key)

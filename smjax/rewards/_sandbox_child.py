@@ -5,10 +5,12 @@ candidate child: its own uid, session, rlimits and fresh directory; execs the ca
 test child (check jobs): another uid; reads the tests straight from the worker's stdin, execs
   the trusted prelude and the tests with the entry point bound to a proxy that forwards each
   call to the candidate child, and writes the verdict on a pipe the candidate never had.
+probe child (once per worker): checks that a candidate's uid can read the standard library.
 """
 
 import os
 import resource
+import sys
 
 from _sandbox_wire import decode, encode, read_msg, write_msg
 
@@ -52,9 +54,25 @@ def confine(uid, limits, workdir, out_path, keep):
   os.umask(0o077)
 
 
+def _flush():
+  """Pushes the candidate's buffered print() output into its output file. The child ends with
+  os._exit (no interpreter teardown, so no implicit flush) or is killed once it has answered, so
+  this runs before every answer."""
+  for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+    try:
+      stream.flush()
+    except BaseException:  # pylint: disable=broad-except
+      pass  # the candidate may have closed or replaced the stream
+
+
 def candidate_main(job, req_r, resp_w):
   """Candidate child: load the program, then answer {"calls": [[args...], ...]} until EOF."""
   import builtins  # pylint: disable=import-outside-toplevel
+  for stream in (sys.stdout, sys.stderr):  # line by line: output before a timeout is kept too
+    try:
+      stream.reconfigure(line_buffering=True)
+    except (AttributeError, ValueError, OSError):
+      pass
   try:
     if job["kind"] == "expr":
       code = compile(job["program"], "<candidate>", "eval")
@@ -70,11 +88,13 @@ def candidate_main(job, req_r, resp_w):
       if not callable(fn):
         raise TypeError(f"{job['entry']} is not callable")
   except BaseException as e:  # pylint: disable=broad-except
+    _flush()
     write_msg(resp_w, {"load_error": f"{type(e).__name__}: {str(e)[:200]}"})
     os._exit(0)
   while True:
     msg = read_msg(req_r)
     if msg is None:
+      _flush()
       os._exit(0)
     results = []
     for args in msg["calls"]:
@@ -82,6 +102,7 @@ def candidate_main(job, req_r, resp_w):
         results.append([1, encode(fn(*[decode(a) for a in args]))])
       except BaseException as e:  # pylint: disable=broad-except
         results.append([0, type(e).__name__])
+    _flush()
     write_msg(resp_w, {"results": results})
 
 
@@ -98,8 +119,10 @@ def test_main(job, req_w, resp_r, result_w, deadline):
            (req_w, resp_r, result_w))
 
   def candidate(*args):
-    sent = write_msg(req_w, {"calls": [[encode(a) for a in args]]}, deadline)
-    resp = read_msg(resp_r, deadline) if sent else None
+    # Read even when the send failed: a candidate that failed to load wrote its error and exited
+    # (EPIPE here); past the deadline read_msg returns None at once.
+    write_msg(req_w, {"calls": [[encode(a) for a in args]]}, deadline)
+    resp = read_msg(resp_r, deadline)
     if resp is None:
       raise CandidateError("no answer (exited, crashed or timed out)")
     if "load_error" in resp:
@@ -123,3 +146,27 @@ def test_main(job, req_w, resp_r, result_w, deadline):
   except BaseException as e:  # pylint: disable=broad-except
     os.write(result_w, f"FAIL {type(e).__name__}: {str(e)[:300]}".encode(errors="replace"))
     os._exit(1)
+
+
+def probe_main(uid, dirs, w):
+  """Probe child: drops groups, gid and uid as confine() does and writes on `w` the first of
+  `dirs` (sys.path) it cannot read, so that a sandbox whose candidates could not import the
+  standard library refuses to start instead of scoring every candidate 0. Exits 0 if the uid
+  drop took effect, 1 if not (an unprivileged user ns: candidates keep the worker's uid, so the
+  check runs as that)."""
+  try:
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    dropped = True
+  except OSError:
+    dropped = False
+  for d in dirs:
+    try:
+      name = next((n for n in sorted(os.listdir(d)) if os.path.isfile(os.path.join(d, n))), None)
+      if name:
+        os.close(os.open(os.path.join(d, name), os.O_RDONLY))
+    except OSError as e:
+      os.write(w, f"uid {os.getuid()} cannot read {d} ({type(e).__name__}: {e})".encode())
+      break
+  os._exit(0 if dropped else 1)

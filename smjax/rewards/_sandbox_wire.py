@@ -47,7 +47,9 @@ def read_msg(fd, deadline=None, limit=MAX_MSG):
 
 
 def write_msg(fd, obj, deadline=None):
-  """Writes one message; with a deadline, gives up (returns False) when the reader stalls."""
+  """Writes one message. Returns False when the reader has gone (EPIPE) or, with a deadline,
+  stalls: the caller then still reads what the reader sent before going (a candidate that
+  failed to load has written its error and exited)."""
   data = json.dumps(obj, separators=(",", ":")).encode()
   data = memoryview(struct.pack(">I", len(data)) + data)
   while data:
@@ -55,7 +57,10 @@ def write_msg(fd, obj, deadline=None):
       left = deadline - time.monotonic()
       if left <= 0 or not select.select([], [fd], [], left)[1]:
         return False
-    data = data[os.write(fd, data[:65536] if deadline is not None else data):]
+    try:
+      data = data[os.write(fd, data[:65536] if deadline is not None else data):]
+    except BrokenPipeError:
+      return False
   return True
 
 

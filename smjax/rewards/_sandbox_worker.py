@@ -1,9 +1,11 @@
 """The process that runs inside the sandbox and forks one confined child per candidate.
 
-Started by `smjax.rewards.sandbox` as `python -I -S -B _sandbox_worker.py MODE UID_BASE TMP PRE`
-under bubblewrap/unshare (or bare, with a warning). Standard library only: it runs with no
+Started by `smjax.rewards.sandbox` as `python -I -S -B _sandbox_worker.py MODE UID_BASE TMP PRE
+[EXPOSE]` under bubblewrap/unshare (or bare, with a warning); EXPOSE is a JSON list of host paths
+that candidates may read (unshare mode). Standard library only: it runs with no
 site-packages and an empty environment. The interpreter start-up is paid once per worker; each
-candidate costs a fork.
+candidate costs a fork. Its ready message says whether uids are dropped and what on sys.path a
+candidate's uid cannot read, so that the host can refuse a sandbox whose candidates would score 0.
 
 Protocol on fd 0/1 (messages of _sandbox_wire.py). Per job the host sends a header
 {"kind", "program", "entry", "arg_names", "calls" | "check": true, "limits"}; for check jobs a
@@ -24,13 +26,13 @@ Afterwards every process of uid C and T is killed (kill(-1) from a helper of tha
 are removed.
 """
 
+import json
 import os
 import select
 import shutil
 import signal
 import sys
 import time
-
 
 
 def _load_sibling(name):
@@ -48,6 +50,7 @@ _wire = _load_sibling("_sandbox_wire")
 _child = _load_sibling("_sandbox_child")
 read_exact, read_msg, write_msg = _wire.read_exact, _wire.read_msg, _wire.write_msg
 candidate_main, confine, test_main = _child.candidate_main, _child.confine, _child.test_main
+probe_main = _child.probe_main
 
 _PREIMPORT = ("math", "re", "collections", "itertools", "functools", "heapq", "bisect", "string",
               "random", "hashlib", "typing", "fractions", "decimal", "statistics", "operator",
@@ -197,8 +200,10 @@ def run_job(job, ctx):
   result = {"status": "ok"}
   try:
     if not check:
-      sent = write_msg(req_w, {"calls": job["calls"]}, deadline)
-      resp = read_msg(resp_r, deadline, limit=limits["result_bytes"]) if sent else None
+      # Read even when the send failed: a candidate that failed to load has written its error
+      # and exited (EPIPE here); past the deadline read_msg returns None at once.
+      write_msg(req_w, {"calls": job["calls"]}, deadline)
+      resp = read_msg(resp_r, deadline, limit=limits["result_bytes"])
       if resp is None:
         result = {"status": "timeout" if time.monotonic() >= deadline else "crash"}
       elif "load_error" in resp:
@@ -260,48 +265,127 @@ def run_job(job, ctx):
   return result
 
 
-def _setup_unshare_mounts():
+_TMPFS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+def _import_dirs():
+  """The directories candidates import from: sys.path as given and as resolved (a symlinked
+  standard library needs both its link and its target reachable)."""
+  dirs = [os.path.abspath(p) for p in sys.path if os.path.exists(p)]
+  return dirs + [os.path.realpath(p) for p in dirs]
+
+
+def _cover_point(path, tmpfs):
+  """The highest ancestor of `path` that hides it from other uids: one of the private tmpfs
+  mounts, or a directory they cannot traverse (a 0700 home holding a pyenv, say); else None."""
+  parts = path.strip("/").split("/")
+  for i in range(1, len(parts)):
+    a = "/" + "/".join(parts[:i])
+    if a in tmpfs or not os.stat(a).st_mode & 0o001:
+      return a
+  return None
+
+
+def _setup_unshare_mounts(expose):
   """Under `unshare --mount` as root: read-only remount of every mount, private tmpfs on the
-  world-writable directories."""
+  world-writable directories, and the paths in `expose` made reachable for the candidates' uids.
+  Returns what could not be exposed ("" when all was).
+
+  A path under a 0700 directory (or under /tmp, now covered) is bound at the same path on a
+  read-only tmpfs laid over its highest hidden ancestor: the standard library (and ro_binds)
+  can be imported and read while that ancestor's other contents stay hidden."""
   import ctypes  # pylint: disable=import-outside-toplevel
   libc = ctypes.CDLL(None, use_errno=True)
   ms_rdonly, ms_remount, ms_bind, ms_rec, ms_private = 1, 32, 4096, 16384, 1 << 18
+
+  def mount(src, dst, fstype, flags, data=None):
+    if libc.mount(src and src.encode(), dst.encode(), fstype, flags, data) != 0:
+      raise OSError(ctypes.get_errno(), f"mount on {dst}: {os.strerror(ctypes.get_errno())}")
+
   libc.mount(None, b"/", None, ms_rec | ms_private, None)
   with open("/proc/self/mountinfo") as f:
     points = [line.split()[4] for line in f]
   for p in sorted(set(points)):
     if not p.startswith(("/proc", "/sys", "/dev")):
       libc.mount(None, p.encode(), None, ms_remount | ms_bind | ms_rdonly, None)
-  for p in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
-    if os.path.isdir(p):
-      libc.mount(b"tmpfs", p.encode(), b"tmpfs", 0, b"size=64m,mode=1777")
+  tmpfs = [p for p in _TMPFS if os.path.isdir(p)]
+  plan = {}  # path -> (cover, fd): the fd keeps the path bindable once its ancestor is covered
+  for path in sorted(set(expose)):
+    if not any(path == q or path.startswith(q + "/") for q in plan):
+      try:
+        cover = _cover_point(path, tmpfs)
+        if cover:
+          plan[path] = (cover, os.open(path, os.O_PATH))
+      except OSError:
+        pass  # gone: the probe reports what candidates cannot read
+  for p in tmpfs:
+    libc.mount(b"tmpfs", p.encode(), b"tmpfs", 0, b"size=64m,mode=1777")
+  errors, covers = [], sorted({c for c, _ in plan.values()} - set(tmpfs))
+  for c in covers:
+    try:
+      mount("tmpfs", c, b"tmpfs", 0, b"size=1m,mode=0755")
+    except OSError as e:
+      errors.append(str(e))
+  for path, (cover, fd) in plan.items():
+    try:
+      d, parts = cover, path[len(cover) + 1:].split("/")
+      for i, part in enumerate(parts):
+        d += "/" + part
+        if i == len(parts) - 1 and not os.path.isdir(f"/proc/self/fd/{fd}"):
+          os.close(os.open(d, os.O_WRONLY | os.O_CREAT, 0o644))  # a file (a zip) binds on a file
+        elif not os.path.isdir(d):
+          os.mkdir(d)
+          os.chmod(d, 0o755)
+      mount(f"/proc/self/fd/{fd}", path, None, ms_bind | ms_rec)
+      mount(None, path, None, ms_remount | ms_bind | ms_rdonly)
+    except OSError as e:
+      errors.append(f"{path}: {e}")
+    finally:
+      os.close(fd)
+  for c in covers:
+    libc.mount(None, c.encode(), None, ms_remount | ms_bind | ms_rdonly, None)
+  return "; ".join(errors)
+
+
+def _probe(uid):
+  """Runs the probe child (_sandbox_child.probe_main). Returns (uid_drop, stdlib_error)."""
+  dirs = [p for p in sys.path if os.path.isdir(p)]
+  r, w = os.pipe()
+  pid = os.fork()
+  if pid == 0:
+    try:
+      os.close(r)
+      probe_main(uid, dirs, w)
+    finally:
+      os._exit(2)
+  os.close(w)
+  err = b"".join(iter(lambda: os.read(r, 4096), b""))
+  os.close(r)
+  return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, err.decode(errors="replace")
 
 
 def main(argv):
   mode, uid_base, tmp = argv[1], int(argv[2]), argv[3]
   preimport = argv[4] == "1" if len(argv) > 4 else True
+  expose = json.loads(argv[5]) if len(argv) > 5 else []
   for name in _PREIMPORT if preimport else ():  # paid once here, not once per candidate
     try:
       __import__(name)
     except ImportError:
       pass
+  mount_error = ""
   if mode == "unshare" and os.getuid() == 0:
-    _setup_unshare_mounts()
-  root = os.getuid() == 0
-  if root:
-    try:  # a dropped uid must be able to take effect (not so under an unprivileged user ns)
-      probe = os.fork()
-      if probe == 0:
-        try:
-          os.setresuid(uid_base, uid_base, uid_base)
-          os._exit(0)
-        except OSError:
-          os._exit(1)
-      root = os.waitstatus_to_exitcode(os.waitpid(probe, 0)[1]) == 0
-    except OSError:
-      root = False
+    mount_error = _setup_unshare_mounts(_import_dirs() + expose)
+  try:  # a dropped uid must take effect (not so under an unprivileged user ns)
+    root, stdlib_error = _probe(uid_base)
+  except OSError:
+    root, stdlib_error = False, ""
+  root = root and os.getuid() == 0
+  if stdlib_error and mount_error:
+    stdlib_error += f" (rebinding it failed: {mount_error})"
   ctx = {"count": 0, "uids": (uid_base, uid_base + 1), "root": root, "tmp": tmp, "reapers": {}}
-  write_msg(1, {"ready": True, "uid_drop": root, "pid": os.getpid()})
+  write_msg(1, {"ready": True, "uid_drop": root, "pid": os.getpid(),
+                "stdlib_error": stdlib_error})
   signal.signal(signal.SIGPIPE, signal.SIG_IGN)
   while True:
     job = read_msg(0)

@@ -11,35 +11,22 @@ Two job kinds (`Job`):
 - check (HumanEval/MBPP style): `tests` run in a separate test process (another uid) that reaches
   the candidate only through a call proxy, and only the test process can report a pass.
 
-What is isolated
-----------------
-Mode `bwrap` (bubblewrap, Debian package `bubblewrap`; used when it works): each worker runs in
-new pid, net, ipc and uts namespaces on a new root that holds only /usr and the Python
-installation (read-only), a minimal /dev and a private, size-capped tmpfs /tmp. There is no
-/proc, no /home, /root, /work, /etc or host /tmp, and no environment variable. Mode `unshare`
-(util-linux, as root; the fallback): the same namespaces, every mount remounted read-only and
-private tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock, but the host's world-readable files stay
-readable. In both modes every candidate runs in its own forked child that
-- is in its own session and process group, with stdin on /dev/null and stdout/stderr going to a
-  file capped by RLIMIT_FSIZE (its first `output_bytes` come back for diagnostics);
-- has an empty environment and a fresh 0700 working directory, removed afterwards;
-- has rlimits on CPU seconds, address space, file size, process count and open files (see
-  `Limits`), and no core dumps;
-- runs as a uid of its own, without groups or capabilities (the worker is root), so it cannot
-  signal or trace the worker or the test process, cannot write root-owned files, and its
-  RLIMIT_NPROC binds (it does not bind root);
-- is killed at its wall-clock deadline, or once it has answered, together with every process of
-  its uid (kill(-1) from a helper running as that uid, which also catches processes that left the
-  process group with setsid).
-No network: the net namespace has only a loopback interface, which is down.
-Not isolated: the kernel's attack surface (there is no seccomp filter); CPU and memory pressure
-on the host (rlimits cap each candidate, there is no cgroup); with `unshare`, reading host files.
-Where the worker is not root (unprivileged bwrap uses a user namespace), candidates keep the
-worker's uid: they can kill their own worker (it is restarted and the job scores 0) and
-RLIMIT_NPROC counts all of that user's processes. Mode `none` (neither works): no namespaces; a
-root host still drops candidates to other uids, but they can read host files, write
-world-writable places such as /tmp and open sockets. That mode warns loudly (`warnings.warn` and
-the "smjax" logger) every time a pool starts; install bubblewrap to avoid it.
+What is isolated (docs/sandbox.md has it per mode, and what to install)
+-----------------------------------------------------------------------
+Mode `bwrap` (bubblewrap; used when it works): each worker runs in new pid, net, ipc and uts
+namespaces on a new root that holds only /usr and the Python installation (read-only), a minimal
+/dev and a private, size-capped tmpfs /tmp; no /proc, no home or work directories, no environment.
+Mode `unshare` (util-linux, the fallback): the same namespaces, every mount read-only, private
+tmpfs on /tmp, /var/tmp, /dev/shm and /run/lock; host files that other users may read stay
+readable, and the standard library (and ro_binds) is bound where a 0700 parent (a pyenv in /root)
+or the private /tmp would hide it. In both, every candidate is a forked child in its own session
+with stdin on /dev/null, stdout/stderr in a capped file (its head comes back as
+`Result.output`), an empty environment, a fresh 0700 directory, rlimits (`Limits`), its own uid
+without groups or capabilities (where the worker is root), and a wall-clock kill of every process
+of that uid. No network (loopback down). Not isolated: the kernel (no seccomp), host CPU and
+memory pressure (no cgroup). Mode `none` (neither works): rlimits and dropped uids only; it
+warns loudly every time a pool starts. A pool whose candidates could not import the standard
+library refuses to start (bwrap, unshare) or says so in its warning (none).
 Verdicts cannot be faked from inside a candidate: io jobs compare outputs on the host with
 expected values that never enter the sandbox; check jobs get their verdict from a separate test
 process (another uid) that reaches the candidate only through a proxy passing plain data, so exit
@@ -153,10 +140,10 @@ def _python() -> tuple[str, str]:
 def _argv(mode: str, uid_base: int, tmp: str, ro_binds: Sequence[str] = (),
           preimport: bool = True) -> list[str]:
   """The command that starts one worker. preimport: load common modules up front (pays off for
-  a long-lived worker; outside bwrap it is also what lets dropped uids import them at all,
-  since the Python installation may sit under a 0700 home directory)."""
+  a long-lived worker; in mode none it is also what lets dropped uids import them at all, since
+  the Python installation may sit under a 0700 home directory that no namespace can expose)."""
   exe, prefix = _python()
-  pre = "1" if preimport or mode != "bwrap" else "0"
+  pre = "1" if preimport or mode == "none" else "0"
   worker = [exe, "-I", "-S", "-B"]
   if mode == "bwrap":
     argv = ["bwrap"]
@@ -185,7 +172,10 @@ def _argv(mode: str, uid_base: int, tmp: str, ro_binds: Sequence[str] = (),
             "--mount-proc"]
     if os.getuid() != 0:
       argv += ["--user", "--map-root-user"]
-    return argv + ["--"] + worker + [_WORKER, mode, str(uid_base), "/tmp", pre]
+    # The worker rebinds the standard library and ro_binds where a 0700 parent or the private
+    # /tmp would hide them from the candidates' uids.
+    return argv + ["--"] + worker + [_WORKER, mode, str(uid_base), "/tmp", pre,
+                                     json.dumps(list(ro_binds))]
   return worker + [_WORKER, mode, str(uid_base), tmp, pre]
 
 
@@ -246,6 +236,13 @@ class _Worker:
       raise RuntimeError(f"sandbox worker ({mode}) failed to start: "
                          f"{self._stderr.decode(errors='replace')[-2000:]}")
     self.uid_drop = hello["uid_drop"]
+    # What candidates cannot import ("" when the whole standard library is readable). Mode none
+    # has no mount namespace to fix it in and only warns (SandboxPool); the others refuse.
+    self.stdlib_error = hello.get("stdlib_error", "")
+    if self.stdlib_error and mode != "none":
+      self.close()
+      raise RuntimeError(f"smjax sandbox ({mode}) refuses to start: candidates could not import "
+                         f"the standard library: {self.stdlib_error}. {_STDLIB_ADVICE[mode]}")
 
   def _drain(self):
     for line in self.proc.stderr:
@@ -292,6 +289,13 @@ class _Worker:
       shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+_STDLIB_ADVICE = {
+    "bwrap": "Use a Python whose standard library lies inside its prefix (no symlink out of it).",
+    "unshare": "Install bubblewrap (apt-get install -y bubblewrap), or make that directory "
+               "readable by other users (chmod -R o+rX).",
+    "none": "Install bubblewrap: apt-get install -y bubblewrap"}
+
+
 class _WorkerLost(RuntimeError):
   pass
 
@@ -301,8 +305,9 @@ class SandboxPool:
 
   Use as a context manager (or call close()); a lost worker is restarted and its job reported as
   status "crash". isolation: "auto" | "bwrap" | "unshare" | "none". ro_binds: host paths that
-  candidates may read (bwrap binds them read-only at the same path; the other modes see the host
-  file system anyway).
+  candidates may read (bwrap binds them read-only at the same path; unshare rebinds them where a
+  0700 parent or its private /tmp would hide them; none sees the host file system as it is).
+  The first worker starts here, so a sandbox that cannot work fails at construction.
   """
 
   def __init__(self, num_workers: int | None = None, *, isolation: str = "auto",
@@ -316,11 +321,21 @@ class SandboxPool:
     # Each worker slot gets two uids of its own (candidate, tests); a random base keeps two pools
     # on one machine from sharing (and so killing or limiting) each other's uids.
     self.uid_base = 1_000_000 + 2 * 256 * secrets.randbelow(1_000_000)
-    self._free = list(range(self.num_workers))
+    self._free = list(reversed(range(self.num_workers)))  # pop() takes slot 0, started below
     self._workers: dict[int, _Worker] = {}
     self._lock = threading.Lock()
     self._executor = concurrent.futures.ThreadPoolExecutor(self.num_workers)
     self._closed = False
+    try:  # one worker now, so that a sandbox that cannot work fails here, saying why
+      first = self._slot_worker(0)
+    except BaseException:
+      self.close()
+      raise
+    if first.stdlib_error:
+      msg = (f"smjax sandbox (none): candidates can import only the modules the worker loaded "
+             f"in advance ({first.stdlib_error}). {_STDLIB_ADVICE['none']}")
+      warnings.warn(msg, RuntimeWarning, stacklevel=2)
+      log.warning(msg)
 
   @property
   def uids(self) -> range:

@@ -1,0 +1,73 @@
+"""The command line's surface: one-line user errors (exit 2), --debug tracebacks, `smjax --help`,
+and INFO records going to the workdir's log file rather than the terminal. No training runs."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, SMJAX_CPU_MALLOC="glibc", JAX_PLATFORMS="cpu")
+
+
+def _cli(*args, workdir):
+  cmd = [sys.executable, "-m", "smjax.main", "--config=configs/study.py:two_domain,demo",
+         f"--workdir={workdir}", *args]
+  return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("arg, names", [("--config.heldout_size=0", "heldout_size"),
+                                        ("--config.nope=1", "nope"),
+                                        ("--config.rl.nope=1", "rl.nope"),
+                                        ("--config.domains=('math','nodomain')", "nodomain")])
+def test_user_error_is_one_line(tmp_path, arg, names):
+  p = _cli(arg, workdir=tmp_path / "w")
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2, p.stderr
+  assert len(lines) == 1 and lines[0].startswith("smjax: error: ") and names in lines[0], p.stderr
+  assert "Traceback" not in p.stderr
+  assert not (tmp_path / "w").exists()   # refused at start: no workdir left behind
+
+
+def test_an_existing_file_as_workdir_is_one_line(tmp_path):
+  """A workdir that cannot be created (works as root too, unlike a read-only directory)."""
+  (tmp_path / "f").write_text("x")
+  p = _cli(workdir=tmp_path / "f" / "w")
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith("smjax: error: ") and "Traceback" not in p.stderr, p.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+  p = _cli("--config.heldout_size=0", "--debug", workdir=tmp_path / "w")
+  assert p.returncode != 0 and "Traceback" in p.stderr
+
+
+def test_console_help_lists_commands():
+  code = "import sys; sys.argv = ['smjax', '--help']; from smjax.main import cli; cli()"
+  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 0 and "study" in p.stdout and "report" in p.stdout
+
+
+def test_info_goes_to_log_file_not_terminal(tmp_path, capsys):
+  from absl import logging as absl_logging
+  from smjax import main
+  root = logging.getLogger()
+  before = list(root.handlers)
+  handler = absl_logging.get_absl_handler()
+  level = handler.level
+  try:
+    path = main.setup_logging(str(tmp_path), verbose=False)
+    absl_logging.info("an info record for the file")
+    absl_logging.warning("a warning for both")
+  finally:
+    for h in root.handlers:
+      if h not in before:
+        h.close()
+        root.removeHandler(h)
+    handler.setLevel(level)
+  text = open(path).read()
+  assert "an info record for the file" in text and "a warning for both" in text
+  assert "an info record for the file" not in capsys.readouterr().err
