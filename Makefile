@@ -24,7 +24,7 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	touch $@ $(VENV)/.core
 
 # The code sandbox uses bubblewrap where it can be installed (root on Debian/Ubuntu); without it the
-# sandbox falls back to `unshare` or warns loudly. See README "Code sandbox".
+# sandbox falls back to `unshare` or warns loudly. See docs/sandbox.md.
 sandbox-tools:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -34,7 +34,7 @@ sandbox-tools:
 
 # tcmalloc, where it can be installed (root on Debian/Ubuntu): `python -m smjax.main` restarts itself
 # under it when present (XLA:CPU steps stop page-faulting their buffers; the demo runs ~9 % faster).
-# Without it everything runs on glibc's malloc. See smjax/cpu_malloc.py and README "Running a study".
+# Without it everything runs on glibc's malloc. See smjax/cpu_malloc.py and docs/performance.md.
 malloc-tools:
 	@ls /usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4 /usr/lib64/libtcmalloc_minimal.so.4 2>/dev/null | grep -q . || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -1,12 +1,13 @@
-r"""The shared toy base only: a char-level decoder SFT-warmed on every domain's gold solutions.
+r"""The shared toy base only: SFT on chains with independently flawed mistake sites, then the band.
 
   python -m smjax.main --config=configs/base.py --workdir=runs/base
   python -m smjax.main --config=configs/base.py:four_domain --workdir=runs/base4
 
-Every arm of a study starts from this model; its FLOPs are reported under base/* and charged to no
-arm. Expected runtime: ~70 s on a 2-core CPU (750 SFT steps). Expected result: partial held-out
-accuracy, seed-dependent (two_domain, seeds 0/1/2: math 67/9/21%, code 50/24/20%; see README
-"The toy study").
+Every arm of a study starts from this model, so it is trained once and checked once: its sampled
+held-out accuracy must land in config.band (docs/calibration.md), or the run stops naming the seed
+and the measured values. Its FLOPs are reported under base/* and charged to no arm. Runtime: the
+first phase of `make demo`. Expected result: two_domain lands in the band; four_domain does not
+yet (docs/study.md).
 """
 
 from smjax.study.config import parse_arg, study_defaults

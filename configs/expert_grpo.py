@@ -3,10 +3,10 @@ r"""GRPO experts: one per domain, each trained on its own domain only, from the 
   python -m smjax.main --config=configs/expert_grpo.py --workdir=runs/experts
   python -m smjax.main --config=configs/expert_grpo.py:domain=math --workdir=runs/expert_math
 
-Argument `domain=NAME` restricts the study to that one domain (default: math and code).
-Expected runtime: ~0.1 s per step per expert on a 2-core CPU (600 steps each: ~1-2 min each).
-Expected result: each expert improves its own domain and forgets the others (held-out accuracy on
-the other domain falls), the effect split-then-merge must undo.
+Argument `domain=NAME` restricts the study to that one domain (default: math and code); `steps`.
+The experts are what split-then-merge distils, and they show the effect it must undo: each
+expert raises its own domain and loses the others. Runtime: the base plus one RL phase per
+domain, minutes on a 2-core CPU. Expected result: the `expert_*` rows of docs/study.md.
 """
 
 from smjax.study.config import parse_arg, study_defaults

@@ -4,13 +4,10 @@ r"""Claim (d): recover a degraded domain from the model's own earlier GRPO check
 
 Joint GRPO model → more GRPO on `degrade_domain` only (the other domain degrades) → recover
 `recover_domain` three ways from the degraded model: OPD from the joint checkpoint (self teacher),
-OPD from the external teacher, and GRPO. The report gives FLOPs to get back to
-recover_target_fraction x the joint model's accuracy on that domain, and the ratios.
-Expected runtime: ~20-25 min on a 2-core CPU (10-15 min of it the external teacher's 1000 SFT
-steps), plus a few minutes since degrade_steps went from 300 to 1000 (2026-12-01; not re-measured
-with this config). Expected result (paper): the self teacher needs far fewer FLOPs (up to 50x);
-measured in the two-domain full study (README, claim (d)): 2.9-8.5x fewer FLOPs to the target than
-GRPO recovery, per seed.
+OPD from the external teacher, and GRPO, each to the same target (docs/calibration.md). The
+report gives the FLOPs to that target and the verdict against GRPO recovery. Runtime: dominated
+by the external teacher's SFT and the degradation. Expected result (the paper): the self teacher
+needs far fewer FLOPs (up to 50x); not yet measured in the chain regime (docs/study.md).
 """
 
 from smjax.study.config import parse_arg, study_defaults

@@ -6,12 +6,12 @@ GRPO step. glibc serves a block that large with a fresh `mmap` (a worker thread'
 than 64 MB, and the main arena maps anything above its mmap threshold, at most 32 MB) and unmaps
 it when the call returns, so every call faults in and zeroes all of it again: 35.8k minor page
 faults per step on a 2-core CPU. torch's CPU allocator does the same (TRL's small step: 62k faults,
-299 -> 257 ms under these settings; README "Performance").
+299 -> 257 ms under these settings; docs/performance.md, "malloc on CPU").
 
 tcmalloc keeps those pages and is not slowed by many small ops: started with it preloaded
 (Debian's libtcmalloc-minimal4) the small packed step took 140 ms against 171 ms with no page
 faults, the tiny one was not slowed, and the toy demo ran 9 % faster with an identical report
-(README "Running a study"). A preload has to be in place when the process starts, so the command
+(docs/performance.md, "malloc on CPU"). A preload has to be in place when the process starts, so the command
 line (`python -m smjax.main`, the `smjax` script, `make demo` / `make study`, the launch scripts)
 re-executes itself once with `LD_PRELOAD` set when the library is installed and not yet loaded
 (`reexec_under_tcmalloc`); `make` installs it where it may (root with apt-get). A library user's

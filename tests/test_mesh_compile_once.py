@@ -196,7 +196,8 @@ def _longest_heldout_prompt(config) -> int:
   """Characters of the longest held-out prompt + 1 (BOS): what the char tokenizer makes of it."""
   from smjax import domains
   return 1 + max(len(e.prompt) for d in config.domains for e in domains.get_domain(
-      d, difficulty=config.difficulty).generate("test", config.heldout_size, seed=10_000))
+      d, difficulty=config.difficulty, form=config.form).generate("test", config.heldout_size,
+                                                                  seed=10_000))
 
 
 def test_too_long_max_new_tokens_fails_at_startup():
@@ -220,9 +221,9 @@ def test_too_long_for_the_external_teacher_fails_at_startup():
   from smjax.study.shared import seed_shared
   c = _config()
   c.phases = ("base", "external")
-  c.model.max_seq_len = 256      # the student fits; the teacher (toy-small: 96) samples T + 16
+  c.model.max_seq_len = 256      # the student fits; the teacher (toy-small: 96) samples T + 24
   longest = _longest_heldout_prompt(c)
-  fits = 96 - longest - 16
+  fits = 96 - longest - 24
   c.rl.max_new_tokens = fits
   seed_shared(c, 0)
   c.rl.max_new_tokens = fits + 1

@@ -266,3 +266,24 @@ def test_token_logprobs_shape_errors():
   with pytest.raises(ValueError, match="integer"):
     token_logprobs(jnp.zeros((2, 3, 5)), jnp.zeros((2, 3)))
 
+
+
+def test_full_vocab_kl_with_banned_student_tokens_is_finite():
+  """Logits of -inf (tokens the student bans) add 0 to the reverse KL and to its gradient: the
+  value and the gradient match float64 numpy over the allowed tokens (0 * -inf gave nan)."""
+  rng = np.random.default_rng(3)
+  s = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  t = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  s[..., 2] = -np.inf
+  s[0, 1, 5] = -np.inf
+  kl, grad = jax.value_and_grad(lambda x: opd.full_vocab_kl(x, jnp.asarray(t)).sum())(
+      jnp.asarray(s))
+  s64, t64 = s.astype(np.float64), t.astype(np.float64)
+  lp = s64 - np.logaddexp.reduce(s64, axis=-1, keepdims=True)
+  lq = t64 - np.logaddexp.reduce(t64, axis=-1, keepdims=True)
+  p = np.exp(lp)
+  want = np.where(p > 0, p * (lp - np.where(p > 0, lq, 0)), 0).sum(-1)
+  # d/ds_j sum_i p_i (lp_i - lq_i) = p_j ((lp_j - lq_j) - KL)
+  g = np.where(p > 0, p * ((lp - lq) - want[..., None]), 0)
+  np.testing.assert_allclose(float(kl), want.sum(), rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad), g, atol=1e-6)

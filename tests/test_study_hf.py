@@ -90,7 +90,7 @@ TINY = [
     "--config.joint.steps=2", "--config.experts.steps=2", "--config.mopd.steps=2",
     "--config.rl.prompts_per_step=4", "--config.rl.samples_per_prompt=2",
     "--config.opd.prompts_per_step=4", "--config.opd.samples_per_prompt=2",
-    "--config.checkpoint_every=0",
+    "--config.checkpoint_every=0", "--config.band.check=False", "--config.eval.samples=2",
     # One gradient program per step: micro-batching adds a compile per algorithm (its FLOPs are
     # counted from a separate program), about 10 s here; it is tested in test_grpo_loss.
     "--config.rl.micro_batches=1", "--config.opd.micro_batches=1",
@@ -178,7 +178,7 @@ def test_report_arms_and_flops_add_up(study):
       sums[r["phase"]] = sums.get(r["phase"], 0) + r["flops_per_call"] * r["calls"]
     assert sums == led["flops"], phase
   # base.steps=0: the base phase only evaluates the HF weights (no SFT FLOPs).
-  assert set(results["base"]["ledger"]["flops"]) == {"eval/heldout"}
+  assert set(results["base"]["ledger"]["flops"]) == {"eval/heldout", "eval/band"}
   for phase in ["joint_grpo"] + experts:
     assert {"rollout/prefill", "rollout/decode", "train/policy"} <= set(
         training_flops(results[phase]["ledger"])), phase
@@ -187,7 +187,7 @@ def test_report_arms_and_flops_add_up(study):
   mopd_total = sum(training_flops(results["mopd"]["ledger"]).values())
   sm = rep["arms"]["split_merge"]
   assert sm["flops_total"]["mean"] == pytest.approx(expert_total + mopd_total, rel=1e-12)
-  assert sm["distillation_share_of_experts"]["mean"] == pytest.approx(mopd_total / expert_total)
+  assert sm["distillation_share_run"]["mean"] == pytest.approx(mopd_total / expert_total)
   assert rep["arms"]["joint_grpo"]["flops_total"]["mean"] == pytest.approx(
       sum(training_flops(results["joint_grpo"]["ledger"]).values()), rel=1e-12)
 

@@ -15,6 +15,8 @@ import random
 import zlib
 from typing import Any, Mapping, Sequence
 
+from smjax.domains.chains import ANSWER_MARK
+
 SPLITS = ("train", "test")
 
 
@@ -130,23 +132,65 @@ class SandboxDomain:
             for i, j in enumerate(jobs)]
 
 
+FORMS = ("short", "chain")
+
+
 class ToyDomain(Domain):
   """A procedural domain whose examples are generated one index at a time.
 
   `example(split, index, seed, difficulty)` is random access, so data pipelines can draw from
   an unbounded stream without materialising it; `generate` is that for indices 0..n-1.
+
+  form: "short" (the solution is the answer alone) or "chain" (a written-out chain of steps,
+  then ANSWER_MARK and the answer; smjax.domains.chains). The reward reads the final answer only.
+  A chain-form domain also writes chains with mistakes (`sample_solution`) for a partly-right
+  base.
   """
 
   max_difficulty: int = 3
+  max_chain_difficulty: int = 3
 
-  def __init__(self, difficulty: int = 1):
+  def __init__(self, difficulty: int = 1, form: str = "short"):
+    if form not in FORMS:
+      raise ValueError(f"{self.name}: form={form!r} must be one of {FORMS}")
+    self.form = form
     self.difficulty = self._check_difficulty(difficulty)
+
+  def extract_answer(self, completion: str) -> str | None:
+    """Short form: the first line. Chain form: what follows the last ANSWER_MARK on the first
+    line (None without one: a truncated chain has no answer)."""
+    if self.form == "short":
+      return super().extract_answer(completion)
+    line = completion.strip().split("\n", 1)[0]
+    if ANSWER_MARK not in line:
+      return None
+    return line.rsplit(ANSWER_MARK, 1)[1].strip() or None
+
+  def chain_sites(self, example: Example) -> int:
+    """How many places of the example's chain admit the domain's mistake (chain form)."""
+    raise NotImplementedError(f"{self.name}: no chain form")
+
+  def chain_solution(self, example: Example, flaw) -> str:
+    """The example's chain with `flaw(site) -> bool` asked at each site (smjax.domains.chains)."""
+    raise NotImplementedError(f"{self.name}: no chain form")
+
+  def sample_solution(self, example: Example, rng: random.Random,
+                      correct_fraction: float) -> str:
+    """A chain whose sites are each flawed with probability 1 - correct_fraction ** (1 / sites),
+    so that it is correct with probability `correct_fraction` (an example without sites: always),
+    and wrong at any number of independent places."""
+    n = self.chain_sites(example)
+    if n == 0:
+      return example.solution
+    q = 1.0 - correct_fraction ** (1.0 / n)
+    return self.chain_solution(example, lambda site: rng.random() < q)
 
   def _check_difficulty(self, difficulty: int | None) -> int:
     d = self.difficulty if difficulty is None else difficulty
-    if not isinstance(d, int) or not 0 <= d <= self.max_difficulty:
-      raise ValueError(f"{self.name}: difficulty={d!r} must be an int in "
-                       f"[0, {self.max_difficulty}]")
+    top = self.max_difficulty if self.form == "short" else self.max_chain_difficulty
+    if not isinstance(d, int) or not 0 <= d <= top:
+      raise ValueError(f"{self.name}: difficulty={d!r} must be an int in [0, {top}]"
+                       + (" in the chain form" if self.form == "chain" else ""))
     return d
 
   @abc.abstractmethod

@@ -12,6 +12,10 @@ batch (common within a GRPO group) are run once.
 difficulty 0: f(x) = x+c, x, c in 0..9;  1: x+c, x, c in 0..99;  2: x+c or x-c in 0..99;
 3: f(x) = a*x+c, a in 2..99, c in 0..99, shown at x = 0 and 1.
 
+Chain form (difficulty 0-1; smjax.domains.chains): the shown pair zero-padded to three digits,
+c derived by column subtraction with borrows, then the program:
+  "f(023)=058;f(x)="   "8-3-0=5,0;5-2-0=3,0;0-0-0=0,0;#x+35"
+
 Held-out split, disjoint by construction: the pair (x, c) (difficulty 3: (a, c)) is held out iff
 (3·digitsum + digitsum) mod 5 == 0, as for `math`. Every digit column, borrow and carry of
 the subtraction that recovers c occurs in training; no held-out program/input pair does.
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import random
 
+from smjax.domains import chains
 from smjax.domains.base import Example, SandboxDomain, ToyDomain
 from smjax.domains.toy_math import is_held_out
 from smjax.rewards.sandbox import Job, Limits
@@ -45,6 +50,8 @@ class CodeDomain(SandboxDomain, ToyDomain):
   """Program synthesis from input/output examples; see the module docstring."""
 
   name = "code"
+  max_chain_difficulty = 1
+  chain_width = 3
 
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
     want_test = split == "test"
@@ -61,14 +68,24 @@ class CodeDomain(SandboxDomain, ToyDomain):
     sign = -1 if difficulty == 2 and rng.random() < 0.5 else 1
     inputs = shown + [rng.randint(0, 199) for _ in range(NUM_HIDDEN)]
     outputs = [gold_value(a, c, sign, x) for x in inputs]
-    prompt = ",".join(f"f({x})={y}" for x, y in zip(shown, outputs)) + ";f(x)="
-    if difficulty == 3:
-      solution = f"{a}*x+{c}"
+    if self.form == "chain":
+      x, w = shown[0], self.chain_width
+      prompt = f"f({x:0{w}d})={outputs[0]:0{w}d};f(x)="
+      solution = chains.code_chain(x, outputs[0], w)[0]
     else:
-      solution = f"x{'+' if sign > 0 else '-'}{c}"
+      prompt = ",".join(f"f({x})={y}" for x, y in zip(shown, outputs)) + ";f(x)="
+      solution = f"{a}*x+{c}" if difficulty == 3 else f"x{'+' if sign > 0 else '-'}{c}"
     return Example(prompt=prompt, reference={"inputs": inputs, "outputs": outputs},
                    solution=solution, domain=self.name,
                    metadata={"a": a, "c": c, "sign": sign})
+
+  def chain_sites(self, example: Example) -> int:
+    x, y = example.reference["inputs"][0], example.reference["outputs"][0]
+    return chains.code_sites(x, y, self.chain_width)
+
+  def chain_solution(self, example: Example, flaw) -> str:
+    x, y = example.reference["inputs"][0], example.reference["outputs"][0]
+    return chains.code_chain(x, y, self.chain_width, flaw)[0]
 
   def job(self, example: Example, completion: str) -> Job | None:
     """The sandbox job for a completion, or None when it is sure to fail: not an expression, or

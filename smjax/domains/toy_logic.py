@@ -5,6 +5,9 @@
 difficulty d: a chain of n = 3 + d distinct random letters (up to 21-char prompts). The n - 1
 links are listed in a random order, each written as "a<b" or as "b>a".
 
+Chain form (smjax.domains.chains): a chain of n = 4 + d letters, the order built link by link:
+  "q<m,t>m,z>t:"  "q<m:qm;m<t:qmt;t<z:qmtz;#qmtz"
+
 Held-out split, disjoint by construction (a template split): a template is the order in which
 the links are listed plus the direction each is written in; a fixed quarter of the templates
 (by a CRC of the template) is used only for the held-out split. Each link position, link and
@@ -21,6 +24,7 @@ import random
 import string
 import zlib
 
+from smjax.domains import chains
 from smjax.domains.base import Example, ToyDomain
 
 
@@ -38,8 +42,10 @@ class LogicDomain(ToyDomain):
 
   name = "logic"
 
+  max_chain_difficulty = 2
+
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
-    n = 3 + difficulty
+    n = 3 + difficulty + (self.form == "chain")
     want_test = split == "test"
     while True:
       order = rng.sample(range(n - 1), n - 1)
@@ -52,9 +58,16 @@ class LogicDomain(ToyDomain):
       lo, hi = chain[link], chain[link + 1]
       links.append(f"{hi}>{lo}" if flip else f"{lo}<{hi}")
     answer = "".join(chain)
-    return Example(prompt=",".join(links) + ":", reference=answer, solution=answer,
+    solution = chains.logic_chain(answer)[0] if self.form == "chain" else answer
+    return Example(prompt=",".join(links) + ":", reference=answer, solution=solution,
                    domain=self.name,
                    metadata={"template": template_key(order, directions)})
+
+  def chain_sites(self, example: Example) -> int:
+    return chains.logic_sites(example.reference)
+
+  def chain_solution(self, example: Example, flaw) -> str:
+    return chains.logic_chain(example.reference, flaw)[0]
 
   def score(self, example: Example, completion: str) -> float:
     return float(self.extract_answer(completion) == example.reference)

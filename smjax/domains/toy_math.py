@@ -4,6 +4,9 @@
 
 difficulty 0: a+b, a, b in 0..9;  1: a+b in 0..99;  2: a+b or a-b in 0..99;  3: a±b in 0..999.
 
+Chain form (smjax.domains.chains): a+b with operands of difficulty + 2 digits, zero-padded in the
+prompt, solved by columns with carries:  "573+089="  "3+9+0=2,1;7+8+1=6,1;5+0+1=6,0;#662".
+
 Held-out split, disjoint by construction: an operand pair (a, b) is held out iff
 (3·digitsum(a) + digitsum(b)) mod 5 == 0 (a fifth of the pairs). At difficulty >= 1 every
 digit combination at every position (and every carry) still occurs in training, so the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 
+from smjax.domains import chains
 from smjax.domains.base import Example, ToyDomain
 
 _RANGES = {0: 9, 1: 99, 2: 99, 3: 999}
@@ -36,10 +40,20 @@ class MathDomain(ToyDomain):
   """Integer arithmetic; see the module docstring."""
 
   name = "math"
+  max_chain_difficulty = 2
 
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
-    hi = _RANGES[difficulty]
     want_test = split == "test"
+    if self.form == "chain":
+      width = difficulty + 2
+      while True:
+        a, b = rng.randint(0, 10 ** width - 1), rng.randint(0, 10 ** width - 1)
+        if is_held_out(a, b) == want_test:
+          break
+      chain, value = chains.math_chain(a, b, width)
+      return Example(prompt=f"{a:0{width}d}+{b:0{width}d}=", reference=a + b, solution=chain,
+                     domain=self.name, metadata={"a": a, "b": b, "op": "+", "width": width})
+    hi = _RANGES[difficulty]
     while True:
       a, b = rng.randint(0, hi), rng.randint(0, hi)
       if is_held_out(a, b) == want_test:
@@ -48,6 +62,14 @@ class MathDomain(ToyDomain):
     value = a + b if op == "+" else a - b
     return Example(prompt=f"{a}{op}{b}=", reference=value, solution=str(value), domain=self.name,
                    metadata={"a": a, "b": b, "op": op})
+
+  def chain_sites(self, example: Example) -> int:
+    m = example.metadata
+    return chains.math_sites(m["a"], m["b"], m["width"])
+
+  def chain_solution(self, example: Example, flaw) -> str:
+    m = example.metadata
+    return chains.math_chain(m["a"], m["b"], m["width"], flaw)[0]
 
   def score(self, example: Example, completion: str) -> float:
     answer = self.extract_answer(completion)

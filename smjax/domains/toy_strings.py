@@ -5,6 +5,9 @@
 difficulty 0: 4-letter words over 2 letters;  1: 6 over 3;  2: 8 over 4;  3: 9 over 5 (at most
 10-char answers; a letter's count is a single digit).
 
+Chain form (smjax.domains.chains): the words of difficulty d + 1, counted as a running tally:
+  "count:qbqqebeq="  "q1;b1;q2;q3;e1;b2;e2;q4;#b2e2q4"
+
 Held-out split, disjoint by construction: a word is held out iff the sum of its letters'
 alphabet positions is 0 mod 5 (about a fifth of the words). Every letter, letter pair, count and
 length occurs in training; no held-out word does (and anagrams, which share an answer, share a
@@ -22,6 +25,7 @@ from __future__ import annotations
 import random
 import string
 
+from smjax.domains import chains
 from smjax.domains.base import Example, ToyDomain
 
 LEVELS = {0: (4, 2), 1: (6, 3), 2: (8, 4), 3: (9, 5)}  # difficulty -> (length, letters to use)
@@ -40,8 +44,10 @@ class StringsDomain(ToyDomain):
 
   name = "strings"
 
+  max_chain_difficulty = 2
+
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
-    n, k = LEVELS[difficulty]
+    n, k = LEVELS[difficulty + (self.form == "chain")]
     want_test = split == "test"
     while True:
       letters = rng.sample(string.ascii_lowercase, k)
@@ -49,8 +55,15 @@ class StringsDomain(ToyDomain):
       if is_held_out(word) == want_test:
         break
     answer = letter_counts(word)
-    return Example(prompt=f"count:{word}=", reference=answer, solution=answer, domain=self.name,
+    solution = chains.strings_chain(word)[0] if self.form == "chain" else answer
+    return Example(prompt=f"count:{word}=", reference=answer, solution=solution, domain=self.name,
                    metadata={"word": word})
+
+  def chain_sites(self, example: Example) -> int:
+    return chains.strings_sites(example.metadata["word"])
+
+  def chain_solution(self, example: Example, flaw) -> str:
+    return chains.strings_chain(example.metadata["word"], flaw)[0]
 
   def score(self, example: Example, completion: str) -> float:
     return float(self.extract_answer(completion) == example.reference)

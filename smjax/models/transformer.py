@@ -22,8 +22,8 @@ N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; RoPE tables
 (`_BT_half`).
 
 Every weight matmul (projections, MLP, LM head) runs as one 2-D `[rows, D] @ [D, out]` product on
-the flattened rows (`dense`): XLA's CPU backward of the 3-D einsums (BTD,DNH->BTNH, ...) was ~2x
-slower than the same FLOPs as 2-D matmuls, and the GRPO step ~26% slower overall.
+the flattened rows (`dense`): XLA's CPU backward of the 3-D einsums (BTD,DNH->BTNH, ...) is much
+slower than the same FLOPs as 2-D matmuls (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class KVCache:
   same slots for every row and `valid_BS` carries the per-row padding.
   """
   # [B, K, S, H]: heads before slots, so a decode step reads each head's keys contiguously (the
-  # [B, S, K, H] layout made XLA transpose the whole cache every layer and step: ~3x slower).
+  # [B, S, K, H] layout makes XLA transpose the whole cache every layer and step).
   k: tuple[jax.Array, ...]  # L x [B, K, S, H]
   v: tuple[jax.Array, ...]  # L x [B, K, S, H]
   valid_BS: jax.Array       # bool
@@ -172,9 +172,8 @@ def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Arra
   # layer, forward and backward. XLA:CPU drops optimization barriers before it fuses (a toy-small
   # forward then held 8 cosines, its gradient 16), so there the tables come out of a conditional,
   # which no fusion crosses; its predicate is always true in practice and both branches are the
-  # same, so it never changes a value (the small packed GRPO step: bit-identical, 1.5-2.5 %
-  # faster). Elsewhere the barrier stands, and a one-token decode step, whose tables are tiny,
-  # skips the conditional's dispatch.
+  # same, so it never changes a value (the step stays bit-identical, and faster). Elsewhere the
+  # barrier stands, and a one-token decode step, whose tables are tiny, skips the conditional.
   if positions_BT.shape[-1] == 1:
     return jax.lax.optimization_barrier(tables(angles_BT_half))
   def fenced_cpu(a):
@@ -187,8 +186,8 @@ def rotate(x_BTNH: jax.Array, cos_BT_half: jax.Array, sin_BT_half: jax.Array) ->
   """Rotate-half RoPE with precomputed cos/sin, in float32 and cast back.
 
   HF's x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin), written per half (x = [x1, x2]): the
-  same float32 products and sums without the full-width cos/sin and rotated copies, which cost
-  ~1-2% of a small GRPO step on CPU (with cos/sin also recomputed in every layer)."""
+  same float32 products and sums without the full-width cos/sin and rotated copies, which a small
+  GRPO step on CPU pays for in time."""
   x = x_BTNH.astype(jnp.float32)
   half = x.shape[-1] // 2
   x1, x2 = x[..., :half], x[..., half:]

@@ -216,6 +216,26 @@ def row_stats(logp_BT, old_logp_BT, ref_logp_BT, adv_B, mask_BT, *, eps_low, eps
   return jnp.concatenate(row_partials(terms, mask_BT) + (adv_B1,), axis=1)
 
 
+def row_weights(n_B, *, aggregation, max_len, num_valid_tokens=None, num_sequences=None):
+  """Each row's weight [B] in the aggregated loss, from its valid-token count n_B: the loss is
+  sum_B w_B * (row's token sum). token_mean: 1 / num_valid_tokens. seq_mean_token_mean:
+  1 / (n_B * non-empty rows). seq_mean_token_sum_norm: 1 / (max_len * non-empty rows).
+  Normalisers default to this batch's counts and are clamped to >= 1 (an empty batch gives 0).
+  The GRPO loss (`finalize`) and the OPD loss (smjax.rl.opd.aggregate) share it."""
+  n_B = jax.lax.stop_gradient(n_B)
+  tokens = jnp.sum(n_B)
+  seqs = jnp.sum((n_B > 0).astype(n_B.dtype))
+  tok_norm = jnp.maximum(tokens if num_valid_tokens is None else num_valid_tokens, 1)
+  seq_norm = jnp.maximum(seqs if num_sequences is None else num_sequences, 1)
+  if aggregation == "token_mean":
+    return jnp.ones_like(n_B) / tok_norm
+  if aggregation == "seq_mean_token_mean":
+    return 1.0 / (jnp.maximum(n_B, 1.0) * seq_norm)
+  if aggregation == "seq_mean_token_sum_norm":
+    return jnp.ones_like(n_B) / (float(max_len) * seq_norm)
+  raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
+
+
 def finalize(stats, *, aggregation, max_len, num_valid_tokens=None, num_sequences=None):
   """(loss, aux) from per-row statistics; only the loss_sum column carries gradient.
 
@@ -227,17 +247,9 @@ def finalize(stats, *, aggregation, max_len, num_valid_tokens=None, num_sequence
   n_B = aux_stats[:, COL["n_valid"]]
   tokens = jnp.sum(n_B)
   seqs = jnp.sum((n_B > 0).astype(n_B.dtype))
-  tok_norm = jnp.maximum(tokens if num_valid_tokens is None else num_valid_tokens, 1)
-  seq_norm = jnp.maximum(seqs if num_sequences is None else num_sequences, 1)
-  if aggregation == "token_mean":
-    w_B = jnp.ones_like(n_B) / tok_norm
-  elif aggregation == "seq_mean_token_mean":
-    w_B = 1.0 / (jnp.maximum(n_B, 1.0) * seq_norm)
-  elif aggregation == "seq_mean_token_sum_norm":
-    w_B = jnp.ones_like(n_B) / (float(max_len) * seq_norm)
-  else:
-    raise ValueError(f"{aggregation=} must be one of {AGGREGATIONS}")
-  w_B = w_B.astype(stats.dtype)
+  w_B = row_weights(n_B, aggregation=aggregation, max_len=max_len,
+                    num_valid_tokens=num_valid_tokens, num_sequences=num_sequences
+                    ).astype(stats.dtype)
   col = lambda name: aux_stats[:, COL[name]]
   per_tok = lambda name: jnp.sum(col(name)) / jnp.maximum(tokens, 1)
   adv_B = col("advantage")

@@ -46,22 +46,16 @@ def aggregate(loss_BT, mask_BT, *, aggregation="token_mean", num_valid_tokens=No
   token_mean: sum / num_valid_tokens (default: this batch's count). seq_mean_token_mean: mean
   over non-empty rows of each row's token mean. seq_mean_token_sum_norm: mean over non-empty
   rows of token sum / max_len (default T). Normalisers are clamped to >= 1 (empty batch -> 0).
-  The same aggregations as smjax.rl.grpo.finalize, which applies them to per-row statistics
-  (with per-row weights; this divides sums, so the two round differently in the last bit).
+  The row weights are smjax.rl.grpo.row_weights, the GRPO loss's own.
   """
   grpo.check_aggregation(aggregation, max_len)
   valid = mask_BT > 0
   dtype = jnp.promote_types(loss_BT.dtype, _F32)
   row_sum_B = jnp.sum(jnp.where(valid, loss_BT.astype(dtype), 0.0), axis=1)
   n_B = jnp.sum(valid, axis=1).astype(dtype)
-  if aggregation == "token_mean":
-    norm = jnp.sum(n_B) if num_valid_tokens is None else num_valid_tokens
-    return jnp.sum(row_sum_B) / jnp.maximum(norm, 1)
-  seqs = jnp.sum(n_B > 0).astype(dtype) if num_sequences is None else num_sequences
-  seqs = jnp.maximum(seqs, 1)
-  if aggregation == "seq_mean_token_mean":
-    return jnp.sum(row_sum_B / jnp.maximum(n_B, 1.0)) / seqs
-  return jnp.sum(row_sum_B) / (float(max_len or loss_BT.shape[1]) * seqs)
+  w_B = grpo.row_weights(n_B, aggregation=aggregation, max_len=max_len or loss_BT.shape[1],
+                         num_valid_tokens=num_valid_tokens, num_sequences=num_sequences)
+  return jnp.sum(w_B.astype(dtype) * row_sum_B)
 
 
 def sampled_advantages(student_logp_BT, teacher_logp_BT):
@@ -81,10 +75,12 @@ def sampled_token_terms(student_logp_BT, old_logp_BT, teacher_logp_BT, mask_BT, 
 def full_vocab_kl(student_logits_BTV, teacher_logits_BTV):
   """Exact per-token reverse KL [B, T] (float32) in plain jnp, differentiable w.r.t. both logits.
   It holds [B, T, V] probabilities; smjax.kernels.dispatch.reverse_kl computes the same without
-  them (the train step passes it to `opd_loss`)."""
+  them (the train step passes it to `opd_loss`). Tokens the student bans (logit -inf) add 0, not
+  0 * -inf."""
   log_p = jax.nn.log_softmax(student_logits_BTV.astype(_F32), axis=-1)
   log_q = jax.nn.log_softmax(teacher_logits_BTV.astype(_F32), axis=-1)
-  return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+  p = jnp.exp(log_p)
+  return jnp.sum(p * jnp.where(p > 0, log_p - log_q, 0.0), axis=-1)
 
 
 def top_k_kl(student_logits_BTV, teacher_logits_BTV, *, k):

@@ -16,9 +16,11 @@ import ml_collections as mlc
 PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # Fields that do not change what a run computes: a resumed run may differ in these.
 # `seeds` and `phases` choose which phases run, not what a phase computes: seeds of one study may
-# run as separate processes into one workdir (see README), then one run with every seed reports.
-RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report",
-                      "eval.batch_size", "seeds", "phases")
+# run as separate processes into one workdir (`make study`), then one run with every seed reports.
+# `band` is checked on the base's measurement after the phase (a changed band re-judges the same
+# base); `report` is computed from the curves.
+RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report", "band",
+                      "collapse_window", "seeds", "phases")
 
 
 def study_defaults() -> mlc.ConfigDict:
@@ -28,10 +30,18 @@ def study_defaults() -> mlc.ConfigDict:
   c.phases = PHASES
   c.domains = ("math", "code")
   c.difficulty = 1
-  c.heldout_size = 128            # held-out examples per domain (fixed set, greedy pass@1)
+  # form: "chain" (the toy domains' solutions are written-out chains of >= ~24 tokens before the
+  # final answer: the paper's regime, where a teacher's per-token signal carries more than one
+  # bit per sample) or "short" (the answer alone); smjax.domains.chains.
+  c.form = "chain"
+  c.heldout_size = 512            # held-out prompts per domain (a fixed set per seed)
   c.progress = True
   c.log_every = 25
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
+  # An RL/OPD phase stops with a CollapseError when, for this many steps in a row, no sample
+  # scores and the gradient is 0, or the policy's entropy sits at ln V; or when its held-out
+  # accuracy falls to 0 after it was above 5% (smjax.train.loop.Collapse). 0: no check.
+  c.collapse_window = 25
 
   # hf_path: a local Hugging Face directory (config.json, safetensors, tokenizer.json). When set,
   # it replaces `preset` and the char tokenizer, and the base phase starts from its weights.
@@ -41,18 +51,21 @@ def study_defaults() -> mlc.ConfigDict:
   # data=-1 takes every device the other axes leave.
   c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
-  # seq_len fits BOS + the longest toy prompt (24) + solution (10) + EOS; rows are left-padded.
-  # The learning rate follows a cosine over `schedule_steps` (0: over `steps`); stopping before
-  # its end leaves the base mid-way, with partial accuracy: RL sharpens a partly-right model, it
-  # does not rescue a hopeless one or improve a saturated one.
-  # Calibration (2-core CPU, 2026-11-30, seed 0, greedy held-out math / code): held-out accuracy
-  # jumps late and in a seed-dependent order. Cosine over 1000: step 600 -> 9% / 25%, 700 ->
-  # 11% / 41%, 750 -> 15% / 48% (66% / 55% when the same config ran in another process: the
-  # transition is that sensitive), 1000 -> 21% / 76%; cosine over 800, step 800 -> 94% / 23%.
-  # GRPO (lr 1e-4, 16 x 8) from a partial base: math 37% -> 55%, code 41% -> 56% in 600 steps,
-  # while the other domain decays; from a saturated domain (94%) it only loses accuracy.
-  c.base = mlc.ConfigDict(dict(steps=750, schedule_steps=1000, batch_size=128,
-                               learning_rate=3e-3, warmup_steps=20, seq_len=36))
+  # The base is partly right by construction: SFT to convergence on chains whose mistake sites (a
+  # carry or borrow, a link, a repeated letter) are flawed independently, so that a fraction
+  # `correct_fraction` of the examples that admit a mistake are correct (smjax.domains.chains).
+  # The model learns each site as a coin flip, so its sampled accuracy lands near the mixture's
+  # rate on every seed and machine (`band` checks it), with headroom (pass@8 well above pass@1):
+  # the regime where RL sharpens a policy. (Chain form; the short form trains on gold answers.)
+  # seq_len fits BOS + the longest chain-form prompt (16) + chain (40) + EOS; rows are left-padded.
+  # The learning rate follows a cosine over `schedule_steps` (0: over `steps`).
+  c.base = mlc.ConfigDict(dict(steps=600, schedule_steps=0, batch_size=128,
+                               learning_rate=3e-3, warmup_steps=20, seq_len=64,
+                               correct_fraction=0.25))
+  # The band the base's held-out accuracy (mean of 8 samples at rl.temperature, every domain)
+  # must land in, with pass@8 at least `min_headroom` above it; a seed outside it stops the study
+  # with the measured values (check=False: warn and go on).
+  c.band = mlc.ConfigDict(dict(low=0.2, high=0.5, min_headroom=0.2, check=True))
 
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   # shared_prompt: the step runs each prompt's forward once for its samples_per_prompt rows (as
@@ -61,7 +74,7 @@ def study_defaults() -> mlc.ConfigDict:
   # one stream without their padding (smjax.batch.pack); the same update with fewer FLOPs,
   # one compiled step per stream length (rounded up to an eighth of the completion columns).
   c.rl = mlc.ConfigDict(dict(
-      prompts_per_step=16, samples_per_prompt=8, max_new_tokens=12, temperature=1.0,
+      prompts_per_step=16, samples_per_prompt=8, max_new_tokens=44, temperature=1.0,
       learning_rate=1e-4, warmup_steps=0, clip_norm=1.0, advantage_mode="grpo", eps_low=0.2,
       eps_high=0.28, beta=0.0, kl_estimator="k3", aggregation="token_mean", micro_batches=1,
       impl="auto", shared_prompt=True, pack_completions=True))
@@ -70,38 +83,43 @@ def study_defaults() -> mlc.ConfigDict:
 
   # Shared by every OPD phase (MOPD, external-teacher OPD, self-teacher recovery). shared_prompt:
   # the student step and the teachers run each prompt once for its samples_per_prompt rows.
-  # full_vocab: the exact per-token reverse KL (cheap at the char vocabulary's V=128); on toy math it
-  # recovered 95% of a GRPO expert's gain in 100 steps where the sampled estimator's held-out
-  # accuracy swung between 48% and 57% (tests/test_learning.py, 2026-11-30).
+  # full_vocab: the exact per-token reverse KL (cheap at the char vocabulary's V=128; the sampled
+  # estimator's held-out accuracy is much noisier, tests/test_learning.py).
+  # Distillation is measured, not set: an OPD phase stops at the first evaluation where the
+  # student has captured `capture_fraction` of its teachers' in-domain gain over its starting
+  # point (summed over the domains), or after its phase's `steps` (the cap). Its evaluations come
+  # `eval_refine` times as often as the study's grid, so the FLOPs to that point are resolved.
   c.opd = mlc.ConfigDict(dict(
       objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto",
-      shared_prompt=True, pack_completions=True))
+      shared_prompt=True, pack_completions=True, capture_fraction=0.9, eval_refine=4))
   c.mopd = mlc.ConfigDict(dict(steps=300))
 
-  # The teacher must be good at the task for claim (c) to be a fair test: toy-small on verbose
-  # solutions (seed 0) scores 2/1 % (math/code) after 200 steps of this 1000-step cosine, 23/14 %
-  # after 400, 87/75 % after 600, 98/89 % after 800, 100/91 % after 1000 (measured 2026-11-30);
-  # 300 steps of a 300-step cosine gave ~10 %.
+  # The external teacher stands for someone else's post-trained model: a larger model SFT'd on
+  # gold solutions in a verbose style (the answer restated after the solution), long enough to
+  # be good at the task, so that claim (c) is a fair test (docs/calibration.md).
   c.external = mlc.ConfigDict(dict(
       teacher_preset="toy-small", teacher_sft_steps=1000, teacher_learning_rate=2e-3,
-      teacher_seq_len=72, steps=300))
+      teacher_seq_len=96, steps=300))
 
-  # degrade_steps: in the two-domain full study, 300 code-only GRPO steps cost the joint model
-  # 5-9 math points, leaving seed 0 within a point of the recovery target (0.9 x its joint math
-  # accuracy), so every route "recovered" within an evaluation or two; 1000 steps cost 4-33
-  # points (2026-12-01).
+  # Claim (d): the joint model trained `degrade_steps` more GRPO steps on `degrade_domain` (which
+  # costs it accuracy on `recover_domain`), then recovered by three routes, each stopping at the
+  # same target: the degraded accuracy plus `recover_target_fraction` of what it lost. Long
+  # enough a degradation leaves the target several evaluations away (docs/calibration.md). The
+  # recovery arms are evaluated `eval_refine` times as often as the study's grid: they are short,
+  # and their FLOPs to target is the claim.
   c.self_teacher = mlc.ConfigDict(dict(
       degrade_domain="code", recover_domain="math", degrade_steps=1000, recover_steps=200,
-      recover_target_fraction=0.9,
-      # The recovery arms are evaluated this many times as often as the rest (every
-      # eval interval / eval_refine FLOPs): they are short, and their FLOPs to target is the claim
-      # (at 4, with 300 degrade steps, seven of the nine two-domain recovery arms crossed it by
-      # their first evaluation).
-      eval_refine=16))
+      recover_target_fraction=0.9, eval_refine=16))
 
-  c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128))
-  c.report = mlc.ConfigDict(dict(target_fraction=0.9, reference_arm="joint_grpo"))
+  # Evaluation: each held-out prompt sampled `samples` times at rl.temperature (the headline
+  # accuracy is their mean), plus greedy pass@1 (`greedy`); `batch_size` prompts per sampler call.
+  c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128,
+                               samples=4, greedy=True))
+  # Intervals: percentile bootstrap (`bootstrap` resamples) over held-out prompts within a seed
+  # and over seeds when there are several (smjax.study.stats).
+  c.report = mlc.ConfigDict(dict(target_fraction=0.9, reference_arm="joint_grpo",
+                                 bootstrap=1000, confidence=0.95))
   return c
 
 
@@ -127,7 +145,8 @@ def validate(c: mlc.ConfigDict) -> None:
                      f"ends at base.steps) or >= config.base.steps={c.base.steps}")
   for field in ("joint.steps", "experts.steps", "mopd.steps", "external.steps",
                 "rl.prompts_per_step", "rl.samples_per_prompt", "rl.max_new_tokens",
-                "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size"):
+                "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size",
+                "eval.samples", "eval.batch_size", "opd.eval_refine", "report.bootstrap"):
     sect, _, key = field.partition(".")
     value = c[sect][key] if key else c[sect]
     if int(value) < 1:
@@ -145,8 +164,23 @@ def validate(c: mlc.ConfigDict) -> None:
     if int(c.self_teacher.eval_refine) < 1:
       raise ValueError(f"config.self_teacher.eval_refine={c.self_teacher.eval_refine} must be "
                        ">= 1 (1: the recovery arms are evaluated as often as the others)")
+  for field in ("log_every", "checkpoint_every", "collapse_window"):
+    if int(c[field]) < (1 if field == "log_every" else 0):
+      raise ValueError(f"config.{field}={c[field]} must be >= "
+                       f"{1 if field == 'log_every' else 0}")
   if c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0:
     raise ValueError("config.eval.every_steps / every_flops / points must be >= 0")
+  if c.form not in ("chain", "short"):
+    raise ValueError(f"config.form={c.form!r} must be 'chain' or 'short'")
+  for field in ("base.correct_fraction", "opd.capture_fraction", "band.low", "band.high",
+                "report.target_fraction"):
+    sect, _, key = field.partition(".")
+    if not 0.0 <= float(c[sect][key]) <= 1.0:
+      raise ValueError(f"config.{field}={c[sect][key]} must be in [0, 1]")
+  if c.band.low > c.band.high:
+    raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}")
+  if not 0.0 < c.report.confidence < 1.0:
+    raise ValueError(f"config.report.confidence={c.report.confidence} must be in (0, 1)")
 
 
 def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
@@ -171,19 +205,31 @@ def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
 
 
 # The external teacher samples this many tokens past rl.max_new_tokens: its verbose style restates
-# the problem after the answer (`verbose`).
-TEACHER_EXTRA_TOKENS = 16
+# the problem and the answer after the solution (smjax.study.phases.verbose).
+TEACHER_EXTRA_TOKENS = 24
 
 
-def check_lengths(config, tokenizer, model_cfg, heldout) -> None:
+def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
   """Prompt + completion must fit max_seq_len, or the sampler refuses the prompt: checked at start
-  on the held-out prompts (the first evaluation samples them), not at that evaluation.
+  on the held-out prompts and on every record of the file domains' splits (training prompts are
+  sampled minutes later), not when a batch meets it.
 
-  `heldout`: {domain: [Example]}; `tokenizer`, `model_cfg`: the study's (smjax.study.shared)."""
+  `heldout`: {domain: [Example]}; `domains`: {name: Domain}; `tokenizer`, `model_cfg`: the
+  study's (smjax.study.shared)."""
   from smjax.models.presets import get_preset  # pylint: disable=import-outside-toplevel
   from smjax.batch import encode_prompt  # pylint: disable=import-outside-toplevel
-  longest = max((len(encode_prompt(tokenizer, e.prompt)) for ex in heldout.values() for e in ex),
-                default=1)
+  examples = [e for ex in heldout.values() for e in ex]
+  for dom in (domains or {}).values():
+    if hasattr(dom, "all_examples"):   # file domains: every record of every split
+      examples.extend(dom.all_examples())
+  longest, worst = 1, None
+  for e in examples:
+    n = len(encode_prompt(tokenizer, e.prompt))
+    if n > longest:
+      longest, worst = n, e
+  where = ((worst.metadata or {}).get("where") if worst is not None else None)
+  which = f"the prompt at {where}" if where else (
+      f"the longest held-out prompt of config.domains={list(config.domains)}")
   T, m = config.rl.max_new_tokens, config.model
   limits = [(T, model_cfg.max_seq_len,
              f"the model's max_seq_len={model_cfg.max_seq_len} ({m.hf_path or m.preset}; "
@@ -195,9 +241,12 @@ def check_lengths(config, tokenizer, model_cfg, heldout) -> None:
                    f"teacher_preset={config.external.teacher_preset!r}, which samples "
                    f"max_new_tokens + {TEACHER_EXTRA_TOKENS})"))
   for new_tokens, max_seq_len, what in limits:
-    if longest + new_tokens > max_seq_len:
-      raise ValueError(
-          f"config.rl.max_new_tokens={T} does not fit: the longest held-out prompt of "
-          f"config.domains={list(config.domains)} has {longest} tokens (BOS included), and "
-          f"{longest} + {new_tokens} new tokens exceeds {what}; use config.rl.max_new_tokens <= "
-          f"{max_seq_len - longest - (new_tokens - T)}")
+    if longest + new_tokens <= max_seq_len:
+      continue
+    fits = max_seq_len - longest - (new_tokens - T)
+    fix = (f"use config.rl.max_new_tokens <= {fits}" if fits >= 1 else
+           f"the prompt alone leaves no room for an answer: shorten or remove it, or raise the "
+           "max_seq_len")
+    raise ValueError(
+        f"config.rl.max_new_tokens={T} does not fit: {which} has {longest} tokens (BOS "
+        f"included), and {longest} + {new_tokens} new tokens exceeds {what}; {fix}")

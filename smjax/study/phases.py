@@ -20,17 +20,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from smjax import checkpoint as ckpt_lib
+from smjax.domains import TOY_DOMAINS
+from smjax.domains.base import rng_for
+from smjax.domains.chains import ANSWER_MARK
 from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
 from smjax.rollout import Sampler
 from smjax.study import store
 from smjax.study.config import TEACHER_EXTRA_TOKENS
-from smjax.study.shared import SeedShared, state_shardings
+from smjax.study.shared import SeedShared, make_evaluator, state_shardings
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
-from smjax.train.evaluate import Evaluator
 from smjax.train.loop import (Reference, RLLoopConfig, RLProgress, grpo_batch, opd_batch, run_rl,
                               run_sft)
 from smjax.train.metrics import MetricsWriter
@@ -39,9 +41,11 @@ from smjax.train.teachers import TeacherRouter
 log = logging.getLogger(__name__)
 
 # Every phase reads these: the model and data, and the evaluation every curve is made of
-# (rl.max_new_tokens is also the evaluation sampler's length).
-COMMON_READS = ("model", "mesh", "domains", "difficulty", "heldout_size", "eval.every_steps",
-                "eval.every_flops", "eval.points", "rl.max_new_tokens")
+# (rl.max_new_tokens and rl.temperature are also the evaluation sampler's).
+COMMON_READS = ("model", "mesh", "domains", "difficulty", "form", "heldout_size", "eval",
+                "rl.max_new_tokens", "rl.temperature")
+# The base's band is measured with this many samples per held-out prompt (pass@8).
+BAND_SAMPLES = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +77,28 @@ def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
 BASE = PhaseSpec("base", reads=("base",))
 
 
+def flaw_mixture(domains: dict, correct_fraction: float):
+  """The base's training mixture (chain form): each example's chain with its mistake sites
+  flawed independently, so that a fraction `correct_fraction` of the examples that admit a
+  mistake are correct (ToyDomain.sample_solution); drawn per example from a stable hash, so a
+  resumed or rerun base sees the same mixture."""
+  def transform(example):
+    m = example.metadata
+    rng = rng_for("flaw", example.domain, m.get("split"), m.get("seed"), m.get("index"))
+    return dataclasses.replace(example, solution=domains[example.domain].sample_solution(
+        example, rng, correct_fraction))
+  return transform
+
+
 def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
-  """The shared base model: SFT warm-up on every domain's gold solutions (FLOPs: base/sft), from a
+  """The shared base model: SFT warm-up on every domain's solutions (FLOPs: base/sft), from a
   random init (toy) or from the HF checkpoint of `model.hf_path` (`base.steps=0`: its weights as
-  they are)."""
+  they are). Chain-form toy domains train on the flawed-chain mixture (`flaw_mixture`). Its
+  output's extra holds the band measurement: accuracy (mean of BAND_SAMPLES samples) and
+  pass@BAND_SAMPLES per domain (checked by smjax.study.run)."""
   c = shared.config
   b = c.base
+  chain = c.form == "chain" and any(d in TOY_DOMAINS for d in c.domains)
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=b.learning_rate, warmup_steps=b.warmup_steps,
@@ -91,20 +111,58 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
     ledger = FlopLedger()
     with _writer(workdir, BASE.name) as writer:
       if b.steps:
-        state, _ = run_sft(phase="base/sft", state=state, step=step,
-                           examples_iter=shared.prompts(c.domains, b.batch_size, 1),
-                           tokenizer=shared.tokenizer, seq_len=b.seq_len, num_steps=b.steps,
-                           ledger=ledger, writer=writer, progress=c.progress)
-      acc, lengths, calls = shared.evaluator(state.params)
+        mix = flaw_mixture(shared.domains, b.correct_fraction) if chain else None
+        state, ledger = _sft(shared, workdir, BASE, phase="base/sft", state=state, step=step,
+                             stream=shared.prompts(c.domains, b.batch_size, 1, mix),
+                             seq_len=b.seq_len, num_steps=b.steps, writer=writer)
+      fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
-      writer.write(b.steps, {f"heldout/{d}": a for d, a in acc.items()})
-    return PhaseOutput(state.params, ledger, [_point(b.steps, acc, lengths)], {})
+      band, calls = make_evaluator(c, shared.sampler, shared.tokenizer, shared.heldout,
+                                   shared.verify, samples=BAND_SAMPLES,
+                                   phase="eval/band")(state.params)
+      ledger.add(calls)
+      writer.write(b.steps, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
+    extra = {"band": {"samples": BAND_SAMPLES, "accuracy": band["accuracy"],
+                      "pass_at_k": band["pass_at_k"]}}
+    return PhaseOutput(state.params, ledger, [_point(b.steps, fields)], extra)
   return store.run_phase(workdir, c, BASE.name, read_fields(BASE), shared.abstract_params(), fn)
 
 
-def _point(step: int, acc: dict, lengths: dict) -> dict:
-  return {"step": step, "flops": 0.0, "accuracy": acc, "mean": float(np.mean(list(acc.values()))),
-          "length": lengths}
+def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state, step, stream,
+         seq_len: int, num_steps: int, writer):
+  """An SFT phase's training, checkpointed every config.checkpoint_every steps under
+  `<phase>/checkpoints/` and resumed exactly from the latest one (state, prompt stream, FLOP
+  ledger); a SIGTERM saves and stops as in an RL phase. Returns (state, ledger)."""
+  c = shared.config
+  ledger, start = FlopLedger(), 0
+  mgr = store.checkpointer(workdir, c, spec.name, read_fields(spec))
+  restored = mgr.restore_latest(state)
+  if restored is not None:
+    state, start = restored.state, restored.step
+    stream.set_state(restored.data_state)
+    ledger = FlopLedger.from_dict(restored.ledger)
+    log.warning("phase %s: resumed from its checkpoint at step %d", spec.name, start)
+    writer.keep_only(lambda r: r["step"] < start)
+
+  def save(done, state_):
+    mgr.save(done, state_, data_state=stream.get_state(), ledger=ledger)
+
+  with mgr, ckpt_lib.PreemptionGuard() as guard:
+    state, _ = run_sft(phase=phase, state=state, step=step, examples_iter=stream,
+                       tokenizer=shared.tokenizer, seq_len=seq_len, num_steps=num_steps,
+                       ledger=ledger, writer=writer, progress=c.progress, start_step=start,
+                       save=save, checkpoint_every=c.checkpoint_every,
+                       should_stop=guard.should_stop)
+    stopped = guard.should_stop()
+  if stopped:
+    raise SystemExit(f"phase {spec.name}: stopped by SIGTERM at a checkpoint; rerun the same "
+                     "command to resume")
+  return state, ledger
+
+
+def _point(step: int, fields: dict) -> dict:
+  return {"step": step, "flops": 0.0, "mean": float(np.mean(list(fields["accuracy"].values())))
+          } | fields
 
 
 def _writer(workdir: str, phase: str) -> MetricsWriter:
@@ -116,22 +174,25 @@ def _writer(workdir: str, phase: str) -> MetricsWriter:
 def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, algo: str,
              init_params, domains, steps: int, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
-             eval_refine: int = 1) -> PhaseOutput:
+             eval_refine: int = 1, stop_at=None) -> PhaseOutput:
   """One GRPO (`algo="grpo"`) or OPD (`"opd"`, scored by `router`) phase from `init_params`,
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
-  FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store)."""
+  FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
+  (curve point -> bool) ends it at the first evaluation that meets it (run_rl); `steps` is then
+  the cap. Its output's extra says whether it stopped there (`reached`)."""
   c = shared.config
   reads = read_fields(spec)
   grpo = algo == "grpo"
 
   def fn():
     rl = c.rl if grpo else c.opd
-    every = store.load_eval_every(workdir, c)
+    every = store.grid_or_refuse(workdir, c, phase, may_fix=grpo)
     loop = RLLoopConfig(
         steps=steps, samples_per_prompt=rl.samples_per_prompt, temperature=rl.temperature,
         eval_every_steps=c.eval.every_steps, eval_every_flops=every / eval_refine,
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
-        seed=shared.seed * 7919 + stream_seed, progress=c.progress)
+        seed=shared.seed * 7919 + stream_seed, progress=c.progress,
+        collapse_window=int(c.collapse_window))
     tx, step = (shared.rl_tx, shared.grpo_step) if grpo else (shared.opd_tx, shared.opd_step)
     if grpo:
       ref = Reference(shared.model_cfg, init_params) if c.rl.beta else None
@@ -142,9 +203,8 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     prompts = shared.prompts(domains, rl.prompts_per_step, stream_seed)
     evaluator = shared.evaluator
     if heldout_domains is not None:
-      evaluator = Evaluator(shared.sampler, shared.tokenizer,
-                            {d: shared.heldout[d] for d in heldout_domains}, shared.verify,
-                            batch_size=c.eval.batch_size)
+      evaluator = make_evaluator(c, shared.sampler, shared.tokenizer,
+                                 {d: shared.heldout[d] for d in heldout_domains}, shared.verify)
     mgr = store.checkpointer(workdir, c, phase, reads)
     progress = None
     restored = mgr.restore_latest(state)
@@ -163,20 +223,25 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     fix = None
     if grpo and not every:
       fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops)
-    with ckpt_lib.PreemptionGuard() as guard, _writer(workdir, phase) as writer:
+    # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
+    # step) waits for its pending async save before it propagates, so no save is left running.
+    with mgr, ckpt_lib.PreemptionGuard() as guard, _writer(workdir, phase) as writer:
+      if restored is not None:   # training rows are logged by step index, evaluations by steps done
+        at = restored.step
+        writer.keep_only(lambda r: r["step"] < at or (r["step"] == at and "loss" not in r))
       result = run_rl(state, name=phase, loop=loop, step=step, make_batch=make_batch,
                       sampler=shared.sampler, tokenizer=shared.tokenizer, prompts=prompts,
                       verify=shared.verify, evaluator=evaluator, writer=writer,
                       progress=progress, flops_offset=flops_offset, fix_eval_every=fix,
-                      save=save, should_stop=guard.should_stop)
-      mgr.wait()
-      if result.stopped:
-        mgr.close()
-        raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
-                         "command to resume")
-    mgr.close()
+                      save=save, should_stop=guard.should_stop, stop_at=stop_at,
+                      collapse_advice=f"config.{'rl' if grpo else 'opd'}.learning_rate="
+                      f"{rl.learning_rate} too high for this model (rerun with a lower one into "
+                      f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
+    if result.stopped:
+      raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
+                       "command to resume")
     return PhaseOutput(result.state.params, result.ledger, result.curve,
-                       {"last_metrics": result.last_metrics})
+                       {"last_metrics": result.last_metrics, "reached": result.reached})
 
   return store.run_phase(workdir, c, phase, reads, shared.abstract_params(), fn)
 
@@ -189,10 +254,10 @@ EXTERNAL_TEACHER = PhaseSpec("external_teacher", reads=(
 
 
 def verbose(example):
-  """The external teacher's style: the answer line, then a restatement of the problem (verifiers
-  read the first line only, so it stays correct, just longer)."""
-  return dataclasses.replace(example, solution=f"{example.solution}\n{example.prompt}"
-                             f"{example.solution}")
+  """The external teacher's style: the solution, then the problem restated with its answer on a
+  line of its own (verifiers read the first line only, so it stays correct, just longer)."""
+  answer = example.solution.rsplit(ANSWER_MARK, 1)[-1]
+  return dataclasses.replace(example, solution=f"{example.solution}\n{example.prompt}{answer}")
 
 
 def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
@@ -213,20 +278,18 @@ def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
     step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(cfg), tx),
                               state_shardings=state_shardings(shared.mesh, tx, cfg))
     state = shared.new_state(shared.random_params(jax.random.key(shared.seed + 1), cfg), tx, cfg)
-    ledger = FlopLedger()
     stream = shared.prompts(c.domains, b.batch_size, 2, transform=verbose)
     with _writer(workdir, EXTERNAL_TEACHER.name) as writer:
-      state, _ = run_sft(phase="base/external_teacher", state=state, step=step,
-                         examples_iter=stream, tokenizer=shared.tokenizer,
-                         seq_len=e.teacher_seq_len, num_steps=e.teacher_sft_steps,
-                         ledger=ledger, writer=writer, progress=c.progress)
+      state, ledger = _sft(shared, workdir, EXTERNAL_TEACHER, phase="base/external_teacher",
+                           state=state, step=step, stream=stream, seq_len=e.teacher_seq_len,
+                           num_steps=e.teacher_sft_steps, writer=writer)
     sampler = Sampler(cfg, max_new_tokens=c.rl.max_new_tokens + TEACHER_EXTRA_TOKENS,
                       eos_id=shared.tokenizer.eos_id, pad_id=shared.tokenizer.pad_id)
-    evaluator = Evaluator(sampler, shared.tokenizer, shared.heldout, shared.verify,
-                          batch_size=c.eval.batch_size, phase="eval/external_teacher")
-    acc, lengths, calls = evaluator(state.params)
+    evaluator = make_evaluator(c, sampler, shared.tokenizer, shared.heldout, shared.verify,
+                               phase="eval/external_teacher")
+    fields, calls = evaluator(state.params)
     ledger.add(calls)
-    return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, acc, lengths)],
+    return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)],
                        {"preset": e.teacher_preset})
   return store.run_phase(workdir, c, EXTERNAL_TEACHER.name, read_fields(EXTERNAL_TEACHER),
                          shared.abstract_params(cfg), fn)
@@ -243,6 +306,7 @@ EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps"),
 DEGRADE = PhaseSpec("degrade", reads=("self_teacher.degrade_domain", "self_teacher.degrade_steps"),
                     after=(JOINT,))
 _RECOVER = ("self_teacher.recover_domain", "self_teacher.recover_steps",
+            "self_teacher.recover_target_fraction",
             "self_teacher.eval_refine")
 RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,))
 RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,

@@ -1,35 +1,37 @@
-"""The study's report: per-arm tables, FLOPs to matched accuracy, savings, JSON/CSV and a plot.
+"""The study's report: every figure with its confidence interval, and a verdict per claim.
 
 Input is one `ArmResult` per arm and seed (what smjax.study.run produces). Every figure is computed
-here from the arms' FLOP ledgers and accuracy-vs-FLOPs curves:
+here, per seed, from the arms' FLOP ledgers and accuracy-vs-FLOPs curves (`seed_figures`):
 
-- final held-out accuracy per domain and its mean (greedy pass@1 on the fixed held-out set);
+- final held-out accuracy per domain and its mean (the mean of k samples per prompt at the
+  training temperature), greedy pass@1 beside it, and the mean response length;
 - total training FLOPs by ledger phase (eval/* and base/* excluded from the totals);
-- FLOPs to first reach the matched-accuracy target (linear interpolation on the curve; "never
-  reached" when the curve stays below it);
-- the saving against joint GRPO: 1 - F_arm / F_joint, at the target and in total;
-- the distillation share: distillation FLOPs / the experts' FLOPs (split-then-merge arms);
-- mean response length on the held-out set.
-Over several seeds each number is reported as mean and sample std.
+- FLOPs to first reach the matched-accuracy target (linear interpolation on the curve; +inf,
+  "never reached", when the curve stays below it);
+- the saving against the reference arm (joint GRPO): 1 - F_arm / F_ref, at the target and in
+  total, and the final accuracy's difference from the reference;
+- distillation arms: the teacher headroom captured per domain (student gain over its start /
+  the domain's teacher's gain), the distillation FLOPs to capture `capture_fraction` of it, and
+  (split-then-merge) those FLOPs as a share of the experts'.
+Each figure is reported as its mean over seeds with a percentile-bootstrap interval over held-out
+prompts and seeds (smjax.study.stats), and each claim gets a verdict line read off the intervals
+(`verdicts`).
 
 The self-teacher study's "recovery" arms are scored on the recovered domain only (recover_* are
-evaluated on it alone), so every recovery figure (FLOPs to its target, the recovery table's
-accuracy and length, the recovery panel of the plot) is read on that domain for every recovery
-arm, the `degrade` arm included, although `degrade` is evaluated on every domain.
+evaluated on it alone), so every recovery figure is read on that domain for every recovery arm,
+the `degrade` arm included, although `degrade` is evaluated on every domain.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import math
-import os
 from typing import Sequence
 
 import numpy as np
 
 from smjax.ledger import flops_to_reach
+from smjax.study import stats
 
 
 @dataclasses.dataclass
@@ -43,6 +45,13 @@ class ArmResult:
   note: str = ""
   group: str = "main"                  # "main" arms share each seed's matched target;
   target: float | None = None          # "recovery" arms (self-teacher study) carry their own
+  # Distillation arms: the arm whose final accuracy on each domain is the teacher's (and `start`:
+  # the arm the student started from), the fraction of the teachers' gain the run stops at, and
+  # whether it got there before its cap.
+  teachers: dict = dataclasses.field(default_factory=dict)
+  start: str = "base"
+  capture_fraction: float | None = None
+  reached: bool | None = None
 
   @property
   def total_flops(self) -> float:
@@ -53,12 +62,20 @@ class ArmResult:
     return self.curve[-1] if self.curve else {"accuracy": {}, "mean": float("nan"), "length": {}}
 
 
-def _mean_std(xs: Sequence[float | None]) -> dict:
-  vals = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-  if not vals:
-    return {"mean": None, "std": None, "n": 0, "missing": len(xs)}
-  return {"mean": float(np.mean(vals)), "std": float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0,
-          "n": len(vals), "missing": len(xs) - len(vals)}
+def captured(acc: dict, start: dict, teacher: dict) -> float | None:
+  """The fraction of the teachers' gain over `start` a student with accuracy `acc` has captured,
+  summed over the teachers' domains: sum(acc - start) / sum(teacher - start); None when the
+  teachers have no gain to capture."""
+  gain = sum(teacher[d] - start[d] for d in teacher)
+  return None if gain <= 0 else sum(acc[d] - start[d] for d in teacher) / gain
+
+
+def capture_rule(start: dict, teacher: dict, fraction: float):
+  """An OPD phase's stop rule (run_rl's `stop_at`): True at the first curve point that has
+  captured `fraction` of the teachers' gain; None (run to the cap) when there is none."""
+  if captured(teacher, start, teacher) is None:
+    return None
+  return lambda point: captured(point["accuracy"], start, teacher) >= fraction - 1e-12
 
 
 def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = None) -> str | None:
@@ -82,256 +99,239 @@ def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = No
   return shared.pop() if len(shared) == 1 else None
 
 
-def _score(point: dict, domain: str | None) -> float:
-  """The accuracy a curve point is compared on: `domain`'s, or the mean over domains."""
-  return point["mean"] if domain is None else point["accuracy"][domain]
+
+def _mean(acc: dict) -> float:
+  return float(np.mean(list(acc.values()))) if acc else math.nan
 
 
-def _curve_xy(curve, domain: str | None = None):
-  return [(p["flops"], _score(p, domain)) for p in curve]
+def _reach(xs, target) -> float:
+  f = flops_to_reach(xs, target)
+  return math.inf if f is None else f
+
+
+def _saving(f_arm: float, f_ref: float) -> float:
+  with np.errstate(divide="ignore", invalid="ignore"):
+    return float(1 - np.float64(f_arm) / np.float64(f_ref)) if f_ref else math.nan
+
+
+def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
+                 reference_arm: str | None, recover_domain: str | None,
+                 target: float | None = None) -> dict[str, float]:
+  """Every figure of one seed's arms (`arms`: {name: ArmResult}) with the held-out prompts `idx`
+  ({domain: indices}, smjax.study.stats): {"<arm>|<figure>": value}, +inf for a target never
+  reached, nan where a figure is undefined."""
+  acc = {n: stats.curve_values(a.curve, idx) for n, a in arms.items()}
+  greedy = {n: stats.curve_values(a.curve, idx, source="greedy") for n, a in arms.items()}
+  length = {n: stats.curve_values(a.curve, idx, source="length") for n, a in arms.items()}
+  final = {n: v[-1] if v else {} for n, v in acc.items()}
+  out: dict[str, float] = {}
+  if target is None:
+    main = [n for n, a in arms.items() if a.group == "main" and a.curve and a.flops_by_phase]
+    pool = [reference_arm] if reference_arm in arms else ([] if reference_arm else main)
+    if pool:
+      ref_final = float(np.mean([_mean(final[n]) for n in pool]))
+      target = (target_fraction * ref_final if "base" not in arms
+                else _mean(final["base"]) + target_fraction * (ref_final - _mean(final["base"])))
+  rec_target = None
+  # Without a recover domain (hand-made recovery arms on several domains) they are scored on the
+  # mean, against the target they carry.
+  on_rec = recover_domain is not None
+  routes = [a for a in arms.values() if a.group == "recovery" and a.teachers] if on_rec else []
+  if routes and routes[0].start in arms and routes[0].teachers[recover_domain] in arms:
+    r = routes[0]
+    lo, hi = final[r.start][recover_domain], final[r.teachers[recover_domain]][recover_domain]
+    rec_target = lo + r.capture_fraction * (hi - lo)
+  elif any(a.target is not None for a in arms.values() if a.group == "recovery"):
+    rec_target = next(a.target for a in arms.values() if a.target is not None)
+
+  def scored(name, point_acc):
+    return (point_acc.get(recover_domain, math.nan) if arms[name].group == "recovery" and on_rec
+            else _mean(point_acc))
+
+  def xs(name):
+    return [(p["flops"], scored(name, a)) for p, a in zip(arms[name].curve, acc[name])]
+
+  for name, a in arms.items():
+    f = {}
+    for d, v in final[name].items():
+      f[f"accuracy/{d}"] = v
+    for d, v in (greedy[name][-1] if greedy[name] else {}).items():
+      f[f"greedy/{d}"] = v
+    f["accuracy_mean"] = _mean(final[name])
+    if greedy[name] and greedy[name][-1]:
+      f["greedy_mean"] = _mean(greedy[name][-1])
+    lens = length[name][-1] if length[name] else {}
+    f["response_length"] = (lens.get(recover_domain, math.nan) if a.group == "recovery" and on_rec
+                            else _mean(lens))
+    if recover_domain is not None and recover_domain in final[name]:
+      f["accuracy_recover_domain"] = final[name][recover_domain]
+    tgt = target if a.group == "main" else (rec_target if a.target is not None else None)
+    ref = reference_arm if a.group == "main" else "recover_grpo"
+    if a.flops_by_phase:
+      f["flops_total"] = a.total_flops
+      for p, v in a.flops_by_phase.items():
+        f[f"flops/{p}"] = v
+      if tgt is not None:
+        f["target"] = tgt
+        f["flops_to_target"] = _reach(xs(name), tgt)
+        if ref in arms and arms[ref].flops_by_phase and ref != name:
+          f["saving_at_target"] = _saving(f["flops_to_target"], _reach(xs(ref), tgt))
+          f["saving_total"] = _saving(a.total_flops, arms[ref].total_flops)
+          f["accuracy_vs_reference"] = scored(name, final[name]) - scored(ref, final[ref])
+          f["length_vs_reference"] = f["response_length"] - (
+              _mean(length[ref][-1]) if a.group == "main" or not on_rec else
+              length[ref][-1].get(recover_domain, math.nan))
+    if a.teachers and all(t in arms for t in a.teachers.values()) and a.start in arms:
+      start = {d: final[a.start][d] for d in a.teachers}
+      teacher = {d: final[t][d] for d, t in a.teachers.items()}
+      for d in a.teachers:
+        gain = teacher[d] - start[d]
+        f[f"headroom/{d}"] = (final[name][d] - start[d]) / gain if gain > 0 else math.nan
+      got = captured(final[name], start, teacher)
+      f["headroom_mean"] = math.nan if got is None else got
+      if a.capture_fraction is not None and captured(teacher, start, teacher) is not None:
+        frac = [(p["flops"], captured(v, start, teacher)) for p, v in zip(a.curve, acc[name])]
+        f["distill_flops_to_capture"] = _reach(frac, a.capture_fraction) - a.curve[0]["flops"]
+        if a.expert_flops:
+          f["distillation_share"] = f["distill_flops_to_capture"] / a.expert_flops
+    if a.expert_flops:
+      f["distillation_share_run"] = a.distill_flops / a.expert_flops
+    out |= {f"{name}|{k}": v for k, v in f.items()}
+  if target is not None:
+    out["_study|target"] = target
+  if rec_target is not None:
+    out["_study|recover_target"] = rec_target
+  return out
 
 
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
                  target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo",
-                 recover_domain: str | None = None) -> dict:
-  """The report dict.
+                 recover_domain: str | None = None, bootstrap: int = 1000,
+                 confidence: float = 0.95, seed: int = 0) -> dict:
+  """The report dict: {"arms": {name: {figure: summary}}, "verdicts": [...], ...}.
 
   `target` (main arms), when not given, is set per seed: the base's final mean held-out accuracy
   plus target_fraction of the reference arm's gain over it (without a base arm: target_fraction
-  x the reference's final accuracy; without a reference arm: the mean over all main arms). Seeds
-  start from very different bases, so one shared target would be met before training on some
-  seeds and never on others. Recovery arms use their own per-run `target`, and their savings are
-  against `recover_grpo` when present; they are scored on `recover_domain` (default: inferred by
-  `recover_domain_of`), which the recovery arms also get `*_recover_domain` figures for.
+  x the reference's final accuracy; without a reference arm: the mean over all main arms), and
+  recomputed in every bootstrap replicate. Recovery arms share the target their routes stopped
+  at: the degraded accuracy plus their capture_fraction of the gap to their teacher; their
+  savings are against `recover_grpo`. `bootstrap` replicates (0: point estimates only) at
+  `confidence`, drawn with numpy seed `seed` (smjax.study.stats).
   """
   rec_d = recover_domain_of(arms, recover_domain)
-  by_arm: dict[str, list[ArmResult]] = {}
+  by_seed: dict[int, dict[str, ArmResult]] = {}
   for a in arms:
-    by_arm.setdefault(a.arm, []).append(a)
-  main = [a for a in arms if a.group == "main" and a.curve and a.flops_by_phase]
-  by_seed: dict[int, float] = {}
-  if target is None:
-    pool = by_arm.get(reference_arm, []) if reference_arm else main
-    if not pool and reference_arm:
+    by_seed.setdefault(a.seed, {})[a.arm] = a
+  names = list(dict.fromkeys(a.arm for a in arms))
+  if target is None and reference_arm and not any(a.arm == reference_arm for a in arms):
+    if any(a.group == "main" and a.flops_by_phase for a in arms):
       raise ValueError(f"build_report: no target given and no {reference_arm!r} arm among "
-                       f"{sorted(by_arm)}")
-    bases = {a.seed: a.final["mean"] for a in by_arm.get("base", []) if a.curve}
-    for seed in sorted({a.seed for a in pool}):
-      final = float(np.mean([a.final["mean"] for a in pool if a.seed == seed]))
-      b = bases.get(seed)
-      by_seed[seed] = (target_fraction * final if b is None
-                       else b + target_fraction * (final - b))
-    # No trained arm at all (e.g. phases=('base',)): the report has no matched-accuracy target.
-    target = float(np.mean(list(by_seed.values()))) if by_seed else None
-  out = {"target_accuracy": target, "target_by_seed": by_seed, "reference_arm": reference_arm,
-         "recover_domain": rec_d, "arms": {}}
-  for name, runs in by_arm.items():
-    group = runs[0].group
-    ref_name = reference_arm if group == "main" else "recover_grpo"
-    tgt_of = {r.seed: (by_seed.get(r.seed, target) if group == "main" else r.target)
-              for r in runs}
-    ref_runs = {a.seed: a for a in by_arm.get(ref_name, [])}
-    scored_on = rec_d if group == "recovery" else None
-    reach = [flops_to_reach(_curve_xy(r.curve, scored_on), tgt_of[r.seed])
-             if tgt_of[r.seed] is not None and r.flops_by_phase else None for r in runs]
-
-    def ref_reach(seed):
-      ref, tgt = ref_runs.get(seed), tgt_of.get(seed)
-      return (None if ref is None or tgt is None
-              else flops_to_reach(_curve_xy(ref.curve, scored_on), tgt))
-
-    # A recovery arm without a target (`degrade`, which only sets the recovery up) is not a route
-    # to compare with recover_grpo.
-    saving_total = [1 - r.total_flops / ref_runs[r.seed].total_flops
-                    if r.seed in ref_runs and ref_runs[r.seed].total_flops and r.flops_by_phase
-                    and not (group == "recovery" and tgt_of[r.seed] is None)
-                    else None for r in runs]
-    saving_reach = [1 - f / ref_reach(r.seed) if f is not None and ref_reach(r.seed) else None
-                    for r, f in zip(runs, reach)]
-    phases = sorted({p for r in runs for p in r.flops_by_phase})
-    domains = sorted({d for r in runs for d in r.final["accuracy"]})
-    out["arms"][name] = {
-        "group": group,
-        "target_accuracy": (float(np.mean([t for t in tgt_of.values() if t is not None]))
-                            if any(t is not None for t in tgt_of.values()) else None),
-        "reference": ref_name if ref_runs else None,
-        "seeds": [r.seed for r in runs],
-        "accuracy": {d: _mean_std([r.final["accuracy"].get(d) for r in runs]) for d in domains},
-        "accuracy_mean": _mean_std([r.final["mean"] for r in runs]),
-        "response_length": _mean_std([float(np.mean(list(r.final.get("length", {}).values())))
-                                      if r.final.get("length") else None for r in runs]),
-        "flops_total": _mean_std([r.total_flops if r.flops_by_phase else None for r in runs]),
-        "flops_by_phase": {p: _mean_std([r.flops_by_phase.get(p, 0.0) for r in runs])
-                           for p in phases},
-        "flops_to_target": _mean_std(reach),
-        "reached_target": [f is not None for f in reach],
-        "saving_vs_reference_total": _mean_std(saving_total),
-        "saving_vs_reference_at_target": _mean_std(saving_reach),
-        "distillation_share_of_experts": _mean_std(
-            [r.distill_flops / r.expert_flops if r.expert_flops else None for r in runs]),
-        "notes": sorted({r.note for r in runs if r.note}),
-    }
-    if scored_on is not None:
-      out["arms"][name] |= {
-          "accuracy_recover_domain": _mean_std([r.final["accuracy"].get(rec_d) for r in runs]),
-          "response_length_recover_domain": _mean_std([r.final.get("length", {}).get(rec_d)
-                                                       for r in runs])}
-  return out
-
-
-def _fmt(ms: dict, scale: float = 1.0, pct: bool = False) -> str:
-  if ms is None or ms.get("mean") is None:
-    return "-"
-  m, s = ms["mean"] * scale, (ms["std"] or 0.0) * scale
-  if pct:
-    return f"{100 * m:.1f}%" + (f" ±{100 * s:.1f}" if ms["n"] > 1 else "")
-  return f"{m:.3g}" + (f" ±{s:.2g}" if ms["n"] > 1 else "")
-
-
-def format_table(report: dict) -> str:
-  """Plain-text tables: the main arms (matched targets per seed), then the recovery arms."""
-  rec_d = report.get("recover_domain")
-  out = []
-  for group, title in (("main", "Arms (matched target {t}, mean over seeds; savings vs {r})"),
-                       ("recovery", "Self-teacher recovery (target {t}, mean over seeds; "
-                                    "savings vs {r})" if rec_d is None else
-                                    f"Self-teacher recovery of {rec_d} (target {{t}} on {rec_d}, "
-                                    "mean over seeds; savings vs {r})")):
-    arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
-    if not arms:
-      continue
-    # Recovery arms are compared on the recovered domain, so `degrade` is shown on it too.
-    on = rec_d if group == "recovery" else None
-    cols = ["arm", "heldout acc" if on is None else f"{on} acc", "per domain", "train FLOPs",
-            "FLOPs to target", "saving@target", "saving total", "distill/experts",
-            "resp len" if on is None else f"{on} resp len"]
-    acc_key, len_key = (("accuracy_mean", "response_length") if on is None else
-                        ("accuracy_recover_domain", "response_length_recover_domain"))
-    rows = []
-    for name, a in arms.items():
-      per = " ".join(f"{d}={_fmt(v, pct=True)}" for d, v in a["accuracy"].items())
-      trained = a["flops_total"]["mean"] is not None
-      reach = a["flops_to_target"]
-      if not trained or a["target_accuracy"] is None:  # no target (`degrade`): nothing to reach
-        reach_s = "-"
-      elif reach["mean"] is None:
-        reach_s = "never reached"
+                       f"{sorted(names)}")
+  prompts = {s: stats.prompt_counts([a.curve for a in seed_arms.values()])
+             for s, seed_arms in by_seed.items()}
+  rng = np.random.default_rng(seed)
+  reps = stats.draws(prompts, bootstrap, rng) if bootstrap and all(prompts.values()) else []
+  per_seed = lambda s, idx: seed_figures(  # noqa: E731
+      by_seed[s], idx, target_fraction=target_fraction, reference_arm=reference_arm,
+      recover_domain=rec_d, target=target)
+  summary = stats.summarise(per_seed, stats.identity(prompts), reps, confidence)
+  out = {"reference_arm": reference_arm, "recover_domain": rec_d, "confidence": confidence,
+         "bootstrap": len(reps), "seeds": sorted(by_seed), "arms": {}}
+  for name in names:
+    runs = [by_seed[s][name] for s in sorted(by_seed) if name in by_seed[s]]
+    figs = {k.partition("|")[2]: stats.jsonable(v) for k, v in summary.items()
+            if k.partition("|")[0] == name}
+    nested: dict = {}
+    for k, v in figs.items():
+      group, sep, key = k.partition("/")
+      if sep:
+        nested.setdefault(group, {})[key] = v
       else:
-        reach_s = "0 (starts above target)" if reach["mean"] == 0 else _fmt(reach)
-        if reach["missing"]:
-          reach_s += f" ({reach['missing']} seed(s) never)"
-      rows.append([name, _fmt(a[acc_key], pct=True), per,
-                   _fmt(a["flops_total"]) if trained else "- (not charged)", reach_s,
-                   _fmt(a["saving_vs_reference_at_target"], pct=True),
-                   _fmt(a["saving_vs_reference_total"], pct=True),
-                   _fmt(a["distillation_share_of_experts"], pct=True),
-                   _fmt(a[len_key])])
-    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
-    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))
-    tgt = next((a["target_accuracy"] for a in arms.values() if a["target_accuracy"] is not None),
-               None)
-    ref = next((a["reference"] for a in arms.values() if a["reference"]), None)
-    out.append(title.format(t="-" if tgt is None else f"{100 * tgt:.1f}%", r=ref or "-"))
-    out += [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
-  return "\n".join(out)
-
-
-def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[str, str]:
-  """Writes report.json, report.csv, curves.json and accuracy_vs_flops.png; returns their paths."""
-  os.makedirs(out_dir, exist_ok=True)
-  paths = {k: os.path.join(out_dir, f) for k, f in (
-      ("json", "report.json"), ("csv", "report.csv"), ("curves", "curves.json"),
-      ("plot", "accuracy_vs_flops.png"), ("table", "report.txt"))}
-  with open(paths["json"], "w") as f:
-    json.dump(report, f, indent=1)
-  with open(paths["curves"], "w") as f:
-    json.dump([dataclasses.asdict(a) for a in arms], f)
-  with open(paths["csv"], "w", newline="") as f:
-    w = csv.writer(f)
-    w.writerow(["arm", "metric", "mean", "std", "n"])
-    for name, a in report["arms"].items():
-      flat = {"accuracy_mean": a["accuracy_mean"], "flops_total": a["flops_total"],
-              "flops_to_target": a["flops_to_target"],
-              "saving_vs_reference_total": a["saving_vs_reference_total"],
-              "saving_vs_reference_at_target": a["saving_vs_reference_at_target"],
-              "distillation_share_of_experts": a["distillation_share_of_experts"],
-              "response_length": a["response_length"]}
-      flat |= {k: a[k] for k in ("accuracy_recover_domain", "response_length_recover_domain")
-               if k in a}
-      flat |= {f"accuracy/{d}": v for d, v in a["accuracy"].items()}
-      flat |= {f"flops/{p}": v for p, v in a["flops_by_phase"].items()}
-      for metric, v in flat.items():
-        w.writerow([name, metric, v["mean"], v["std"], v["n"]])
-  with open(paths["table"], "w") as f:
-    f.write(format_table(report) + "\n")
-  plot_curves(arms, report.get("target_by_seed") or report["target_accuracy"], paths["plot"],
-              recover_domain=report.get("recover_domain"))
-  return paths
-
-
-def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None) -> dict:
-  """What each panel of the plot draws: {group: {"ylabel", "domain", "series": [(arm, seed, flops,
-  acc %)], "targets": sorted per-seed targets (recovery only)}}.
-
-  "main": the mean held-out accuracy over domains. "degrade" and "recovery": the recovered
-  domain's accuracy (`recover_domain_of`), the recovery-group arms without a target (`degrade`,
-  which only sets the recovery up) and with one, in panels of their own, so that the recovery
-  curves are not squeezed into the first part of the degradation's much longer FLOP axis.
-  """
-  rec_d = recover_domain_of(arms, recover_domain)
-  out = {}
-  for group in ("main", "degrade", "recovery"):
-    on = None if group == "main" else rec_d
-    members = [a for a in arms if a.curve and (
-        a.group == "main" if group == "main" else
-        a.group == "recovery" and (a.target is None) == (group == "degrade"))]
-    if members:
-      out[group] = {
-          "series": [(a.arm, a.seed, [p["flops"] for p in a.curve],
-                      [100 * _score(p, on) for p in a.curve]) for a in members],
-          "domain": on,
-          "targets": sorted({a.target for a in members if a.target is not None}),
-          "ylabel": "held-out accuracy (%), " + (
-              "mean over domains" if on is None else f"{on} (the recovered domain)")}
+        nested[k] = v
+    out["arms"][name] = nested | {
+        "group": runs[0].group, "seeds": [r.seed for r in runs],
+        "reference": (reference_arm if runs[0].group == "main" else "recover_grpo"),
+        "reached_capture": [r.reached for r in runs if r.reached is not None],
+        "notes": sorted({r.note for r in runs if r.note})}
+  for key, field in (("target", "target_accuracy"), ("recover_target", "recover_target")):
+    v = summary.get(f"_study|{key}")
+    out[field] = None if v is None else stats.jsonable(v)
+  out["verdicts"] = verdicts(out)
   return out
 
 
-def plot_curves(arms: Sequence[ArmResult], targets: dict | float | None, path: str, *,
-                recover_domain: str | None = None) -> None:
-  """Held-out mean accuracy against cumulative training FLOPs, one line per arm and seed, with the
-  matched target per seed (`targets`: {seed: accuracy} or one shared value); with the
-  self-teacher study, two more panels on the recovered domain's accuracy (`curve_series`): the
-  degradation, and the recovery arms with their per-seed recovery targets."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  panels = curve_series(arms, recover_domain=recover_domain)
-  n = max(len(panels), 1)
-  fig, axes = plt.subplots(1, n, figsize=(7 * n, 5), squeeze=False)
-  colors: dict[str, str] = {}
-  titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
-            "recovery": "Self-teacher recovery"}
-  for ax, (group, panel) in zip(axes[0], panels.items()):
-    labelled = set()
-    for arm, _, xs, ys in panel["series"]:
-      c = colors.setdefault(arm, f"C{len(colors) % 10}")
-      ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
-      labelled.add(arm)
-    if group == "main":
-      values = ([] if targets is None else
-                sorted(set(targets.values())) if isinstance(targets, dict) else [targets])
-      label = "matched target" + (" per seed" if len(values) > 1 else "")
+def _pct(v: dict, signed: bool = False) -> str:
+  """"31.0% [18.2, 44.1]" from a summary (fractions)."""
+  fmt = (lambda x: f"{100 * x:+.1f}") if signed else (lambda x: f"{100 * x:.1f}")
+  m, lo, hi = (stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  if math.isnan(m):
+    return "n/a"
+  s = "never" if math.isinf(m) else fmt(m) + "%"
+  if not (math.isnan(lo) and math.isnan(hi)):
+    s += f" [{_bound(lo, fmt)}, {_bound(hi, fmt)}]"
+  return s
+
+
+def _bound(x: float, fmt) -> str:
+  return "-inf" if x == -math.inf else "inf" if x == math.inf else "?" if math.isnan(x) else fmt(x)
+
+
+def _side(v: dict) -> int:
+  """+1 when the interval lies above 0, -1 below, 0 when it holds 0 or is missing."""
+  lo, hi = stats.number(v.get("lo")), stats.number(v.get("hi"))
+  if math.isnan(lo) or math.isnan(hi):
+    return 0
+  return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def verdicts(report: dict) -> list[str]:
+  """One line per claim the report can speak to, read off the intervals."""
+  arms, conf = report["arms"], f"{100 * report['confidence']:.0f}%"
+  lines = []
+  ref = report.get("reference_arm") or "the reference"
+  for name, what in (("split_merge", "split-then-merge"), ("external_opd", "external-teacher OPD")):
+    a = arms.get(name)
+    if not a or "saving_at_target" not in a:
+      continue
+    s = a["saving_at_target"]
+    side = _side(s)
+    if math.isinf(stats.number(a["flops_to_target"]["mean"])):
+      lines.append(f"{what} never reached {ref}'s matched target")
+    elif side > 0:
+      lines.append(f"{what} reaches {ref}'s matched target with {_pct(s)} fewer FLOPs")
+    elif side < 0:
+      neg = {k: (-stats.number(v) if k in ("mean", "lo", "hi") else v) for k, v in s.items()}
+      neg["lo"], neg["hi"] = neg["hi"], neg["lo"]
+      lines.append(f"{what} needs {_pct(neg)} more FLOPs than {ref} to reach its matched target")
     else:
-      values, label = panel["targets"], "recovery target per seed"
-    for i, t in enumerate(values):
-      ax.axhline(100 * t, color="gray", ls=":", lw=1, label=label if i == 0 else None)
-    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)"
-                  + ("" if group == "main" else f" of the {group} phase"))
-    ax.set_ylabel(panel["ylabel"])
-    ax.set_title(titles[group] + (f" of {panel['domain']}" if panel["domain"] else ""))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title=None if panel["domain"] is None
-              else f"accuracy on {panel['domain']}", title_fontsize=8)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+      lines.append(f"{what} vs {ref}, FLOPs to the matched target: not distinguishable at this "
+                   f"resolution (saving {_pct(s)})")
+    d = a.get("accuracy_vs_reference")
+    if d:
+      lines.append(f"{what} final accuracy vs {ref}: {_pct(d, signed=True).replace('%', '')} "
+                   "points" + ("" if _side(d) else " (not distinguishable)"))
+  sm = arms.get("split_merge", {})
+  if "distillation_share" in sm:
+    share = sm["distillation_share"]
+    if math.isinf(stats.number(share["mean"])):
+      lines.append("distillation did not capture its target share of the experts' gain before "
+                   f"its cap (it spent {_pct(sm.get('distillation_share_run', {}))} of the "
+                   "experts' FLOPs)")
+    else:
+      lines.append(f"distillation cost {_pct(share)} of the experts' FLOPs to capture its target "
+                   f"fraction of their gain; teacher headroom captured {_pct(sm['headroom_mean'])}")
+  ext = arms.get("external_opd", {})
+  if "length_vs_reference" in ext:
+    d = ext["length_vs_reference"]
+    m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
+    ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
+    if not math.isnan(m):  # nan: a curve without lengths
+      lines.append(f"external-teacher OPD answers are {m:+.1f} tokens{ci} vs {ref}"
+                   + ("" if _side(d) else " (not distinguishable)"))
+  rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
+  if "saving_at_target" in rs and rg:
+    s = rs["saving_at_target"]
+    lines.append("self-teacher OPD vs GRPO, FLOPs to recover: " + (
+        f"{_pct(s)} fewer" if _side(s) > 0 else f"saving {_pct(s)}, " + (
+            "GRPO cheaper" if _side(s) < 0 else "not distinguishable at this resolution")))
+  return [f"{line} ({conf} intervals)" for line in lines]

@@ -20,19 +20,57 @@ program compiles once.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import os
 
 import ml_collections as mlc
 
 from smjax import domains as domains_lib
+from smjax.checkpoint import ConfigMismatchError
+from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
+from smjax.study import store
 from smjax.study.config import validate
-from smjax.study.report import ArmResult, build_report, format_table, write_report
+from smjax.study.render import format_table, write_report
+from smjax.study.report import ArmResult, build_report, capture_rule
 from smjax.study.shared import SeedShared, seed_shared
 from smjax.study.store import PhaseOutput
 from smjax.train.teachers import Teacher
+
+log = logging.getLogger(__name__)
+
+
+class BandError(ValueError):
+  """The base misses config.band on a seed: the study's arms would have nothing to show."""
+
+
+def check_band(config: mlc.ConfigDict, seed: int, base: PhaseOutput) -> None:
+  """The base's sampled held-out accuracy must lie in [band.low, band.high] on every domain, with
+  pass@k at least band.min_headroom above it (the base's `band` measurement, smjax.study.phases);
+  BandError naming the seed and the measured values otherwise (band.check=False: a warning)."""
+  band, b = base.extra.get("band"), config.band
+  if not band:
+    return
+  k, problems = band["samples"], []
+  for d, acc in band["accuracy"].items():
+    pk = band["pass_at_k"][d]
+    if not b.low <= acc <= b.high:
+      problems.append(f"{d} accuracy {acc:.1%} is outside [{b.low:.0%}, {b.high:.0%}]")
+    if pk - acc < b.min_headroom:
+      problems.append(f"{d} pass@{k} {pk:.1%} is less than {b.min_headroom:.0%} above its "
+                      f"accuracy {acc:.1%}")
+  if not problems:
+    return
+  msg = (f"seed {seed}: the base model misses config.band: {'; '.join(problems)} (accuracy: mean "
+         f"of {k} samples per held-out prompt at temperature {config.rl.temperature}). Change "
+         "config.base (correct_fraction, steps) and rerun, or set config.band.check=False to go "
+         "on with this base")
+  if b.check:
+    raise BandError(msg)
+  log.warning("%s", msg)
 
 
 def _train_flops(out: PhaseOutput) -> dict[str, float]:
@@ -40,14 +78,19 @@ def _train_flops(out: PhaseOutput) -> dict[str, float]:
           if p.partition("/")[0] in ("rollout", "train")}
 
 
-def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]:
-  """All configured phases for one seed (in `workdir`); returns the arms for the report."""
-  shared = seed_shared(config, seed)
+def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
+             shared: SeedShared | None = None) -> list[ArmResult]:
+  """All configured phases for one seed (in `workdir`); returns the arms for the report.
+  `shared`: the seed's record when already built (start_study builds the first seed's)."""
+  shared = shared or seed_shared(config, seed)
   phases = set(config.phases)
   train = _train_flops
-  arms: list[ArmResult] = []
+  arms = _ArmLog(workdir)
   base = ph.phase_base(shared, workdir)
+  check_band(config, seed, base)
   arms.append(ArmResult("base", seed, base.curve, {}, note="SFT warm-up; not in any arm's FLOPs"))
+  final = lambda out: out.curve[-1]["accuracy"]  # noqa: E731
+  o = config.opd
   rl = lambda spec, name, **kw: ph.rl_phase(shared, workdir, spec, name, **kw)  # noqa: E731
   joint = None
   if "joint" in phases or "self_teacher" in phases:
@@ -64,17 +107,22 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]
                             note=f"GRPO on {d} only"))
     if "mopd" in phases:
       expert_flops = sum(sum(train(x).values()) for x in experts.values())
-      teachers = [Teacher(ph.EXPERT.dir(domains_lib.domain_label(d)), shared.model_cfg, x.params,
-                          (d,)) for d, x in experts.items()]
+      names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
+      teachers = [Teacher(names[d], shared.model_cfg, x.params, (d,)) for d, x in experts.items()]
+      teacher_acc = {d: final(x)[d] for d, x in experts.items()}
       mopd = rl(ph.MOPD, ph.MOPD.name, algo="opd", init_params=base.params,
                 domains=config.domains, steps=config.mopd.steps, stream_seed=30,
-                flops_offset=expert_flops, router=shared.teacher_router(teachers))
+                flops_offset=expert_flops, router=shared.teacher_router(teachers),
+                eval_refine=int(o.eval_refine),
+                stop_at=capture_rule(final(base), teacher_acc, o.capture_fraction))
       by_phase = {}
       for x in list(experts.values()) + [mopd]:
         for p, v in train(x).items():
           by_phase[p] = by_phase.get(p, 0.0) + v
       arms.append(ArmResult("split_merge", seed, mopd.curve, by_phase, expert_flops=expert_flops,
-                            distill_flops=sum(train(mopd).values())))
+                            distill_flops=sum(train(mopd).values()), teachers=names,
+                            capture_fraction=o.capture_fraction,
+                            reached=mopd.extra.get("reached")))
   external = None
   if "external" in phases or "self_teacher" in phases:
     external = ph.phase_external_teacher(shared, workdir)
@@ -86,24 +134,76 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str) -> list[ArmResult]
                 tuple(config.domains))
     ext = rl(ph.EXTERNAL_OPD, ph.EXTERNAL_OPD.name, algo="opd", init_params=base.params,
              domains=config.domains, steps=config.external.steps, stream_seed=40,
-             router=shared.teacher_router([t]))
+             router=shared.teacher_router([t]), eval_refine=int(o.eval_refine),
+             stop_at=capture_rule(final(base), final(external), o.capture_fraction))
     arms.append(ArmResult("external_opd", seed, ext.curve, train(ext),
-                          distill_flops=sum(train(ext).values())))
+                          distill_flops=sum(train(ext).values()),
+                          teachers={d: "external_teacher" for d in config.domains},
+                          capture_fraction=o.capture_fraction, reached=ext.extra.get("reached")))
   if "self_teacher" in phases:
-    arms.extend(_self_teacher(shared, workdir, joint, external))
+    for arm in _self_teacher(shared, workdir, joint, external):
+      arms.append(arm)
+  return list(arms)
+
+
+class _ArmLog(list):
+  """A seed's arms, also written to `<seed workdir>/arms.json` (atomically) as each is added, so
+  that `smjax report` can render a partial study without running anything."""
+
+  def __init__(self, workdir: str):
+    super().__init__()
+    self.path = os.path.join(workdir, ARMS_FILE)
+
+  def append(self, arm: ArmResult) -> None:
+    super().append(arm)
+    os.makedirs(os.path.dirname(self.path), exist_ok=True)
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"arms": [dataclasses.asdict(a) for a in self]}, f)
+    os.replace(tmp, self.path)
+
+
+ARMS_FILE = "arms.json"
+
+
+def load_arms(workdir: str) -> list[ArmResult]:
+  """Every arm the seeds under a study workdir have finished so far (their arms.json)."""
+  arms = []
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, ARMS_FILE)
+    if name.startswith("seed_") and os.path.exists(path):
+      arms.extend(ArmResult(**a) for a in read_json(
+          path, "delete it and rerun the study command, which rewrites it from the finished "
+          "phases", keys=("arms",))["arms"])
   return arms
+
+
+def make_report(config: mlc.ConfigDict, arms: list[ArmResult], out_dir: str) -> dict:
+  """The study report of `arms` under `config` (report.json/csv/txt, curves.json, the plot in
+  `out_dir`); returns it with "paths" and "table" added."""
+  ref = config.report.reference_arm
+  report = build_report(arms, target_fraction=config.report.target_fraction,
+                        reference_arm=ref if any(a.arm == ref for a in arms) else None,
+                        recover_domain=(config.self_teacher.recover_domain
+                                        if "self_teacher" in config.phases else None),
+                        bootstrap=int(config.report.bootstrap),
+                        confidence=float(config.report.confidence))
+  report["paths"] = write_report(report, arms, out_dir)
+  report["table"] = format_table(report)
+  return report
 
 
 def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput):
   """Claim (d): recover a domain degraded by later training, from the model's own earlier GRPO
-  checkpoint (self teacher) vs the external teacher vs GRPO; FLOPs to get back to
-  recover_target_fraction x the joint model's accuracy on that domain."""
+  checkpoint (self teacher) vs the external teacher vs GRPO; FLOPs to get back
+  recover_target_fraction of what the degradation lost on that domain (each route stops there)."""
   st = shared.config.self_teacher
   deg_d, rec_d = st.degrade_domain, st.recover_domain
   degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, ph.DEGRADE.name, algo="grpo",
                          init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
                          stream_seed=50)
-  target = st.recover_target_fraction * joint.curve[-1]["accuracy"][rec_d]
+  lost_from = degraded.curve[-1]["accuracy"][rec_d]
+  target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
                     group="recovery",
                     note=f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}")]
@@ -117,29 +217,47 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
     router = None if teacher is None else shared.teacher_router([teacher])
     out = ph.rl_phase(shared, workdir, spec, spec.name, algo=algo, init_params=degraded.params,
                       domains=[rec_d], steps=st.recover_steps, stream_seed=60 + i, router=router,
-                      heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
+                      heldout_domains=[rec_d], eval_refine=int(st.eval_refine),
+                      stop_at=lambda p: p["accuracy"][rec_d] >= target)
     arms.append(ArmResult(spec.name, shared.seed, out.curve, _train_flops(out), group="recovery",
-                          target=target,
+                          target=target, reached=out.extra.get("reached"),
+                          teachers={rec_d: "joint_grpo"}, start="degrade",
+                          capture_fraction=st.recover_target_fraction,
                           distill_flops=sum(_train_flops(out).values()) if algo == "opd" else 0.0))
   return arms
 
 
 def run_study(config: mlc.ConfigDict, workdir: str) -> dict:
   """Every seed of the study, then the report (report.json/csv/txt, curves.json, the plot)."""
-  validate(config)
   workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config.to_dict(), f, indent=1)
+  first = start_study(config, workdir)
   arms = []
   for seed in config.seeds:
-    arms.extend(run_seed(config, seed, os.path.join(workdir, f"seed_{seed}")))
-  ref = config.report.reference_arm
-  report = build_report(arms, target_fraction=config.report.target_fraction,
-                        reference_arm=ref if any(a.arm == ref for a in arms) else None,
-                        recover_domain=(config.self_teacher.recover_domain
-                                        if "self_teacher" in config.phases else None))
-  paths = write_report(report, arms, os.path.join(workdir, "report"))
-  report["paths"] = paths
-  report["table"] = format_table(report)
-  return report
+    arms.extend(run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"),
+                         shared=first if seed == config.seeds[0] else None))
+  return make_report(config, arms, os.path.join(workdir, "report"))
+
+
+def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
+  """The start-up check, before any phase runs or any file is written: every config value
+  (`validate`), the model files, the data and every held-out prompt's length (building the first
+  seed's shared record, smjax.study.shared), and a workdir that holds no other study (its
+  config.json may differ only in fields no finished base could have used). Then config.json is
+  written, atomically. Returns the first seed's shared record."""
+  validate(config)
+  path = os.path.join(workdir, "config.json")
+  if os.path.exists(path):
+    old = read_json(path, "delete the workdir or use a fresh --workdir")
+    diff = config_diff(old, config.to_dict(),
+                       store.unread_fields(config, ph.read_fields(ph.BASE)))
+    if diff:
+      raise ConfigMismatchError(
+          f"{workdir} holds another study (its config.json differs in fields every phase "
+          f"depends on: {'; '.join(diff)}); use a fresh --workdir, or delete that one")
+  shared = seed_shared(config, config.seeds[0])
+  os.makedirs(workdir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"   # seeds of one study may start as parallel processes
+  with open(tmp, "w") as f:
+    json.dump(config.to_dict(), f, indent=1)
+  os.replace(tmp, path)
+  return shared

@@ -110,6 +110,15 @@ class SeedShared:
                          want_logits=self.config.opd.objective != "sampled")
 
 
+def make_evaluator(config, sampler, tokenizer, heldout, verify, *, samples: int | None = None,
+                   phase: str = "eval/heldout") -> Evaluator:
+  """The study's held-out evaluation (config.eval; sampled at rl.temperature)."""
+  e = config.eval
+  return Evaluator(sampler, tokenizer, heldout, verify, batch_size=e.batch_size,
+                   samples=samples or e.samples, temperature=config.rl.temperature,
+                   greedy=e.greedy, phase=phase)
+
+
 def state_shardings(mesh, tx, cfg: ModelConfig):
   """The TrainState's shardings on the mesh (None on one device): parameters by their logical
   axes, optimiser moments following them, counters replicated. Steps are jitted with them as
@@ -149,20 +158,21 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   model = Transformer(model_cfg)
   mesh = sharding.mesh_from_config(config.mesh)
   mesh = mesh if mesh.size > 1 else None
-  # `difficulty` is a knob of the toy domains only; file and reasoning-gym domains take none.
-  domains = {d: domains_lib.get_domain(d, **({"difficulty": config.difficulty}
-                                              if d in domains_lib.TOY_DOMAINS else {}))
+  # `difficulty` and `form` are knobs of the toy domains only; file and reasoning-gym domains
+  # take none.
+  toy = {"difficulty": config.difficulty, "form": config.form}
+  domains = {d: domains_lib.get_domain(d, **(toy if d in domains_lib.TOY_DOMAINS else {}))
              for d in config.domains}
   # The held-out split is disjoint from training by construction (smjax.domains); its seed is
   # fixed per study seed so every arm is scored on the same examples.
   heldout = {d: dom.generate("test", config.heldout_size, seed=10_000 + seed)
              for d, dom in domains.items()}
-  check_lengths(config, tokenizer, model_cfg, heldout)
+  check_lengths(config, tokenizer, model_cfg, heldout, domains)
   rl, o = config.rl, config.opd
   sampler = Sampler(model_cfg, max_new_tokens=rl.max_new_tokens, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id, mesh=mesh)
   verify = functools.partial(verify_batch, domains=domains)
-  evaluator = Evaluator(sampler, tokenizer, heldout, verify, batch_size=config.eval.batch_size)
+  evaluator = make_evaluator(config, sampler, tokenizer, heldout, verify)
   # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
   rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
                                      warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)

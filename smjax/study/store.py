@@ -17,12 +17,14 @@ import dataclasses
 import json
 import logging
 import os
+import time
 from typing import Any, Callable, Sequence
 
 import ml_collections as mlc
+from tqdm.auto import tqdm
 
 from smjax import checkpoint as ckpt_lib
-from smjax.checkpoint_meta import flat_fields
+from smjax.checkpoint_meta import flat_fields, read_json
 from smjax.ledger import FlopLedger
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,8 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
   path = os.path.join(phase_dir(workdir, phase), "result.json")
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    res = json.load(f)
+  res = read_json(path, f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}",
+                  keys=("ledger", "curve"))
   diff = ("config" in res and
           ckpt_lib.config_diff(res["config"], config.to_dict(), unread_fields(config, reads)))
   if diff:
@@ -96,9 +98,27 @@ def run_phase(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
   `reads`: the config fields the phase's result depends on."""
   done = load_done(workdir, config, phase, reads, template_params)
   if done is not None:
+    _say(config, f"phase {phase}: finished before, reused ({_flops(done)})")
     return done
   os.makedirs(phase_dir(workdir, phase), exist_ok=True)
-  return save_done(workdir, config, phase, fn())
+  t0 = time.perf_counter()
+  out = save_done(workdir, config, phase, fn())
+  _say(config, f"phase {phase}: done in {time.perf_counter() - t0:.0f} s ({_flops(out)})")
+  return out
+
+
+def _flops(out: PhaseOutput) -> str:
+  train = out.ledger.total(training_only=True)
+  rest = out.ledger.total(training_only=False) - train
+  return f"{train:.3g} training FLOPs, {rest:.3g} more in base/eval"
+
+
+def _say(config: mlc.ConfigDict, line: str) -> None:
+  """A phase line on the terminal beside the progress bars (config.progress), else to the log."""
+  if config.progress:
+    tqdm.write(line)
+  else:
+    log.info("%s", line)
 
 
 def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
@@ -121,8 +141,27 @@ def load_eval_every(workdir: str, config: mlc.ConfigDict) -> float:
   if config.eval.every_flops:
     return float(config.eval.every_flops)
   if os.path.exists(_interval_file(workdir)):
-    with open(_interval_file(workdir)) as f:
-      return float(json.load(f)["every_flops"])
+    return float(read_json(_interval_file(workdir), "delete the seed's directory to rerun it "
+                           "(its phases were evaluated on that grid)", keys=("every_flops",))
+                 ["every_flops"])
+  return 0.0
+
+
+def grid_or_refuse(workdir: str, config: mlc.ConfigDict, phase: str, may_fix: bool) -> float:
+  """The seed's grid interval for `phase` (`load_eval_every`), or 0 when this phase may fix it
+  (`may_fix`: a GRPO phase, and no phase of the seed has finished on a grid yet). Refuses when
+  the grid is gone but phases were evaluated on it: deriving another would put the arms on two
+  grids."""
+  every = load_eval_every(workdir, config)
+  if every or not config.eval.points:
+    return every
+  done = sorted(d for d in os.listdir(workdir) if d not in ("base", "external_teacher", phase)
+                and os.path.exists(os.path.join(workdir, d, "result.json")))
+  if done or not may_fix:
+    raise FileNotFoundError(
+        f"{_interval_file(workdir)} is missing, but phase {phase!r} must be evaluated on the "
+        f"seed's grid{' that ' + ', '.join(done) + ' finished on' if done else ''}; restore the "
+        "file, or delete the seed's directory to rerun every phase on one new grid")
   return 0.0
 
 

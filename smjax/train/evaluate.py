@@ -1,8 +1,13 @@
-"""Held-out evaluation: greedy pass@1 per domain on a fixed held-out set, FLOPs under `eval/*`.
+"""Held-out evaluation: k samples per prompt at the training temperature, and greedy pass@1.
 
-Accuracy is the fraction of held-out examples whose greedy completion (temperature 0) the domain's
-verifier scores as correct (reward >= `threshold`). The prompts are padded to one fixed batch of
-`batch_size` rows per call, so evaluation compiles once per run whatever the set's size.
+The headline accuracy of a domain is the mean over its held-out prompts of the fraction of the
+prompt's `samples` completions (temperature `temperature`) that the verifier scores as correct
+(reward >= `threshold`); greedy pass@1 and pass@k are reported beside it. Per-prompt counts are
+kept (`correct`, `greedy_correct`), so that the study's report can bootstrap its intervals over
+prompts (smjax.study.stats). Every call samples with the same keys, so two models are compared on
+the same random numbers as well as the same prompts. Prompts are padded to one fixed batch of
+`batch_size` prompts per call, so evaluation compiles once per run whatever the set's size.
+FLOPs go under `phase` (eval/*), which no training total includes.
 """
 
 from __future__ import annotations
@@ -12,42 +17,67 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from smjax.rollout import Sampler
 from smjax.batch import decode_completions, encode_prompt
+from smjax.rollout import Sampler
 
 
 class Evaluator:
-  """`evaluator(params) -> ({domain: accuracy}, {domain: mean completion length}, program_calls)`."""
+  """`evaluator(params) -> (fields, program_calls)`; fields: {"accuracy", "greedy", "pass_at_k",
+  "length" (mean completion tokens of the samples): {domain: float}, "correct": {domain: [int
+  per prompt, 0..samples]}, "greedy_correct": {domain: [0/1 per prompt]}, "lengths": {domain:
+  [mean sample length per prompt]}, "samples": k}."""
 
   def __init__(self, sampler: Sampler, tokenizer, heldout: Mapping[str, Sequence],
                verify: Callable[[Sequence, Sequence[str]], Sequence[float]], *,
-               batch_size: int = 64, threshold: float = 1.0, phase: str = "eval/heldout"):
+               batch_size: int = 64, samples: int = 4, temperature: float = 1.0,
+               greedy: bool = True, threshold: float = 1.0, phase: str = "eval/heldout"):
     if not heldout:
       raise ValueError("Evaluator: no held-out domains given")
+    if samples < 1 or batch_size < 1:
+      raise ValueError(f"Evaluator: samples={samples} and batch_size={batch_size} must be >= 1")
     self.sampler, self.tokenizer, self.verify = sampler, tokenizer, verify
     self.heldout = {d: list(ex) for d, ex in heldout.items()}
     for d, ex in self.heldout.items():
       if not ex:
         raise ValueError(f"Evaluator: held-out set of domain {d!r} is empty")
-    self.batch_size, self.threshold, self.phase = batch_size, threshold, phase
+    self.batch_size, self.samples, self.temperature = batch_size, samples, temperature
+    self.greedy, self.threshold, self.phase = greedy, threshold, phase
+
+  def _run(self, params, examples, *, k: int, greedy: bool, key, calls):
+    """Correct samples per example ([n] ints in 0..k) and its mean completion length ([n])."""
+    correct, lengths = [], []
+    for start in range(0, len(examples), self.batch_size):
+      chunk = examples[start:start + self.batch_size]
+      prompts = [encode_prompt(self.tokenizer, e.prompt) for e in chunk]
+      # Pad with copies of the first prompt: one batch shape for the whole run.
+      prompts += [prompts[0]] * (self.batch_size - len(prompts))
+      res = self.sampler.generate(params, prompts, jax.random.fold_in(key, start),
+                                  num_samples=k, temperature=self.temperature, greedy=greedy)
+      for c in res.program_calls:
+        c.phase = self.phase
+      calls.extend(res.program_calls)
+      n = len(chunk) * k
+      texts = decode_completions(self.tokenizer, res)[:n]
+      rewards = np.asarray(self.verify([e for e in chunk for _ in range(k)], texts), np.float64)
+      correct.extend((rewards >= self.threshold).reshape(len(chunk), k).sum(1).tolist())
+      lengths.extend(np.asarray(res.lengths_B)[:n].reshape(len(chunk), k).mean(1).tolist())
+    return [int(c) for c in correct], [round(float(x), 2) for x in lengths]
 
   def __call__(self, params):
-    acc, lengths, calls = {}, {}, []
-    for domain, examples in self.heldout.items():
-      correct, total_len = 0, 0
-      for start in range(0, len(examples), self.batch_size):
-        chunk = examples[start:start + self.batch_size]
-        prompts = [encode_prompt(self.tokenizer, e.prompt) for e in chunk]
-        # Pad with copies of the first prompt: one batch shape for the whole run.
-        prompts += [prompts[0]] * (self.batch_size - len(prompts))
-        res = self.sampler.generate(params, prompts, jax.random.key(0), greedy=True)
-        for c in res.program_calls:
-          c.phase = self.phase
-        calls.extend(res.program_calls)
-        texts = decode_completions(self.tokenizer, res)[:len(chunk)]
-        rewards = self.verify(chunk, texts)
-        correct += int(np.sum(np.asarray(rewards, np.float64) >= self.threshold))
-        total_len += int(np.asarray(res.lengths_B)[:len(chunk)].sum())
-      acc[domain] = correct / len(examples)
-      lengths[domain] = total_len / len(examples)
-    return acc, lengths, calls
+    fields = {"accuracy": {}, "greedy": {}, "pass_at_k": {}, "length": {}, "correct": {},
+              "greedy_correct": {}, "lengths": {}, "samples": self.samples}
+    calls = []
+    for i, (domain, examples) in enumerate(self.heldout.items()):
+      key = jax.random.fold_in(jax.random.key(0), i)
+      correct, lengths = self._run(params, examples, k=self.samples, greedy=False, key=key,
+                                   calls=calls)
+      fields["accuracy"][domain] = float(np.mean(correct)) / self.samples
+      fields["pass_at_k"][domain] = float(np.mean(np.asarray(correct) > 0))
+      fields["length"][domain] = float(np.mean(lengths))
+      fields["correct"][domain] = correct
+      fields["lengths"][domain] = lengths
+      if self.greedy:
+        g, _ = self._run(params, examples, k=1, greedy=True, key=key, calls=calls)
+        fields["greedy"][domain] = float(np.mean(g))
+        fields["greedy_correct"][domain] = g
+    return fields, calls

@@ -73,9 +73,16 @@ def check_finite(phase: str, step: int, m: dict[str, float]) -> None:
 def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Iterator[Sequence],
             tokenizer, seq_len: int, num_steps: int, ledger: FlopLedger,
             writer: MetricsWriter | None = None, log_every: int = 50, progress: bool = True,
-            evaluate: Callable | None = None, eval_every: int = 0, start_step: int = 0):
+            evaluate: Callable | None = None, eval_every: int = 0, start_step: int = 0,
+            save: Callable[[int, Any], None] | None = None, checkpoint_every: int = 0,
+            should_stop: Callable[[], bool] | None = None):
   """Supervised warm-up on gold solutions. FLOPs go to `phase` (e.g. base/sft). Returns (state,
-  curve of {"step", "accuracy"} when `evaluate` is given every `eval_every` steps)."""
+  curve of {"step", "accuracy"} when `evaluate` is given every `eval_every` steps).
+
+  start_step: the step a resumed run continues from (its state, stream and ledger restored).
+  save: `(steps done, state)`, every `checkpoint_every` steps, at the end and on a stop.
+  should_stop: polled after every step (e.g. a SIGTERM flag): a stop saves and returns early
+  (the caller asks should_stop again to tell)."""
   pending, curve = None, []
   bar = tqdm(range(start_step, num_steps), desc=phase, disable=not progress, dynamic_ncols=True)
   for i in bar:
@@ -92,9 +99,15 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
       bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m.get('token_accuracy', 0):.2f}")
     pending = (i, metrics)
     if evaluate is not None and eval_every and (i + 1) % eval_every == 0:
-      acc, _, calls = evaluate(state.params)
+      fields, calls = evaluate(state.params)
       ledger.add(calls, step=i)
-      curve.append({"step": i + 1, "accuracy": acc})
+      curve.append({"step": i + 1, "accuracy": fields["accuracy"]})
+    stopped = should_stop is not None and should_stop()
+    if save is not None and (stopped or i + 1 == num_steps or
+                             (checkpoint_every and (i + 1) % checkpoint_every == 0)):
+      save(i + 1, state)
+    if stopped:
+      break
   if pending is not None:
     check_finite(phase, pending[0], to_host(pending[1]))
   bar.close()
@@ -195,6 +208,46 @@ def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
 
 # -------------------------------------------------------------------------------------- RL
 
+class CollapseError(RuntimeError):
+  """The policy collapsed without a non-finite step (`Collapse`)."""
+
+
+class Collapse:
+  """Signs that a run's policy has collapsed though every step is finite, each stopping it with
+  a message naming the metric, the step and the likely cause: no sample scoring and a zero
+  gradient for `window` steps in a row (nothing left to learn from), the policy's entropy at
+  ln V (uniform output) for `window` steps, or the held-out accuracy at 0 after it was above
+  0.05. `window` 0 turns the checks off."""
+
+  def __init__(self, name: str, window: int, vocab_size: int | None, advice: str):
+    self.name, self.window, self.advice = name, window, advice
+    self.uniform = 0.99 * math.log(vocab_size) if vocab_size else math.inf  # unknown V: no check
+    self.dead = self.flat = 0
+    self.best = 0.0
+
+  def _fail(self, step: int, what: str) -> None:
+    raise CollapseError(f"{self.name}: the policy collapsed at step {step}: {what}. Likely "
+                        f"cause: {self.advice}; or turn the check off to run on "
+                        "(--config.collapse_window=0 in a study, RLLoopConfig.collapse_window=0)")
+
+  def step(self, i: int, m: dict) -> None:
+    if not self.window:
+      return
+    dead = m.get("reward/mean", 1.0) == 0.0 and m.get("grad_norm", 1.0) < 1e-12
+    self.dead = self.dead + 1 if dead else 0
+    self.flat = self.flat + 1 if m.get("entropy", 0.0) >= self.uniform else 0
+    if self.dead >= self.window:
+      self._fail(i, f"no sample has scored and the gradient has been 0 for {self.dead} steps")
+    if self.flat >= self.window:
+      self._fail(i, f"the policy's entropy has been at ln V ({m['entropy']:.3f}) for "
+                 f"{self.flat} steps: it samples uniformly")
+
+  def evaluation(self, step: int, mean_accuracy: float) -> None:
+    if self.window and self.best > 0.05 and mean_accuracy == 0.0:
+      self._fail(step, f"held-out accuracy fell to 0 from {self.best:.1%}")
+    self.best = max(self.best, mean_accuracy)
+
+
 @dataclasses.dataclass(frozen=True)
 class RLLoopConfig:
   steps: int
@@ -208,12 +261,13 @@ class RLLoopConfig:
   checkpoint_every: int = 0     # steps between `save` calls (the last step and a stop always save)
   seed: int = 0
   progress: bool = True
+  collapse_window: int = 25     # steps a collapse sign must last to stop the run (0: no check)
 
   def __post_init__(self):
     for name in ("steps", "samples_per_prompt", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 1")
-    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every"):
+    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every", "collapse_window"):
       if getattr(self, name) < 0:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 0 (0: off)")
 
@@ -232,9 +286,10 @@ class RLProgress:
 class RunResult:
   state: Any
   ledger: FlopLedger
-  curve: list[dict]              # {"step", "flops", "accuracy": {domain: acc}, "mean", "length"}
+  curve: list[dict]              # {"step", "flops", "mean", and the evaluator's fields}
   last_metrics: dict
   stopped: bool = False          # `should_stop` ended the run early (after a save)
+  reached: bool = False          # `stop_at` ended the run: a curve point met its rule
 
 
 def _next_eval(every: float, done_flops: float) -> float:
@@ -253,33 +308,48 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
            writer: MetricsWriter | None = None, progress: RLProgress | None = None,
            flops_offset: float = 0.0, fix_eval_every: Callable[[float], float] | None = None,
            save: Callable[[int, Any, RLProgress], None] | None = None,
-           should_stop: Callable[[], bool] | None = None) -> RunResult:
-  """A GRPO or OPD run of `loop.steps` iterations from `state` (module docstring).
+           should_stop: Callable[[], bool] | None = None,
+           stop_at: Callable[[dict], bool] | None = None,
+           collapse_advice: str = "a learning rate too high for this model") -> RunResult:
+  """A GRPO or OPD run of at most `loop.steps` iterations from `state` (module docstring).
 
   make_batch: `(Rollout) -> (batch, program calls, host metrics)`, e.g.
     `functools.partial(grpo_batch, layout=...)` or `functools.partial(opd_batch, router=...)`.
-  evaluator: `params -> ({domain: acc}, {domain: length}, program calls)` (smjax.train.evaluate).
+  evaluator: `params -> (fields, program calls)`, fields with "accuracy": {domain: acc}
+    (smjax.train.evaluate.Evaluator); each evaluation is a curve point of them.
   progress: a resumed run's ledger, curve and step (default: a fresh run from step 0).
   flops_offset: training FLOPs spent before this run (an arm's earlier phases), for the grid.
   fix_eval_every: when `loop.eval_every_flops` is 0, called once after the first step with its
     training FLOPs; returns the FLOP interval of the evaluation grid from then on.
   save: `(step, state, progress)`, every `loop.checkpoint_every` steps, at the end and on a stop.
   should_stop: polled after every step (e.g. a SIGTERM flag); a stop saves and returns early.
+  stop_at: `(curve point) -> bool`, asked after every evaluation: True ends the run there, saved
+    (`reached`), e.g. a distillation that has reached its target; a resumed run whose last point
+    met it returns at once.
+  collapse_advice: what the collapse check (`Collapse`, `loop.collapse_window`) names as the
+    likely cause when it stops the run with a CollapseError.
   """
   prog = progress if progress is not None else RLProgress()
   every = loop.eval_every_flops
   if progress is None:
     prog.next_eval_flops = every or math.inf
   training = lambda: flops_offset + prog.ledger.total(training_only=True)
+  vocab = getattr(getattr(sampler, "cfg", None), "vocab_size", None)
+  collapse = Collapse(name, loop.collapse_window, vocab, collapse_advice)
+  for p in prog.curve:
+    collapse.best = max(collapse.best, p["mean"])
 
   def evaluate(state, done: int) -> dict:
-    acc, lengths, calls = evaluator(state.params)
+    fields, calls = evaluator(state.params)
     prog.ledger.add(calls, step=done)
-    point = {"step": done, "flops": training(), "accuracy": acc,
-             "mean": float(np.mean(list(acc.values()))), "length": lengths}
+    acc = fields["accuracy"]
+    point = {"step": done, "flops": training(), "mean": float(np.mean(list(acc.values())))}
+    point |= fields
     prog.curve.append(point)
+    collapse.evaluation(done, point["mean"])
     if writer is not None:
       writer.write(done, {f"heldout/{d}": a for d, a in acc.items()} |
+                   {f"heldout_greedy/{d}": a for d, a in fields.get("greedy", {}).items()} |
                    {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]})
     return point
 
@@ -289,6 +359,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     m |= host
     m["time/step_s"] = seconds
     m["flops/training"] = training()
+    collapse.step(i, m)
     if writer is not None and (i % loop.log_every == 0 or i == loop.steps - 1):
       writer.write(i, m)
     bar.set_postfix(reward=f"{m['reward/mean']:.2f}", loss=f"{m['loss']:.3f}",
@@ -297,6 +368,9 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
 
   if evaluator is not None and prog.step == 0 and not prog.curve:
     evaluate(state, 0)
+  reached = bool(stop_at is not None and prog.curve and stop_at(prog.curve[-1]))
+  if reached:
+    return RunResult(state, prog.ledger, prog.curve, {}, False, True)
   pending, last, stopped = None, {}, False
   bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not loop.progress,
              dynamic_ncols=True, initial=prog.step, total=loop.steps)
@@ -322,16 +396,17 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
       prog.next_eval_flops = _next_eval(every, training())
       point = evaluate(state, done)
       bar.set_postfix_str(f"heldout={point['mean']:.3f}")
+      reached = stop_at is not None and stop_at(point)
     if done == 1 and not every and fix_eval_every is not None:
       every = fix_eval_every(prog.ledger.total(training_only=True))
       prog.next_eval_flops = _next_eval(every, training())
     stopped = should_stop is not None and should_stop()
-    if save is not None and (stopped or done == loop.steps or
+    if save is not None and (stopped or reached or done == loop.steps or
                              (loop.checkpoint_every and done % loop.checkpoint_every == 0)):
       save(done, state, prog)
-    if stopped:
+    if stopped or reached:
       break
   if pending is not None:
     last = finish(*pending)
   bar.close()
-  return RunResult(state, prog.ledger, prog.curve, last, stopped)
+  return RunResult(state, prog.ledger, prog.curve, last, stopped, reached)

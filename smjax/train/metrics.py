@@ -37,6 +37,19 @@ class MetricsWriter:
     self._jsonl.write(json.dumps(row) + "\n")
     self._jsonl.flush()
 
+  def keep_only(self, keep) -> None:
+    """Drops the rows of metrics.jsonl for which `keep(row)` is False (atomically): a resumed
+    run drops what the steps after its checkpoint logged before they are run, and logged, again,
+    so every step is in the file once. (TensorBoard shows the newest value of a step.)"""
+    path = os.path.join(self.logdir, "metrics.jsonl")
+    self._jsonl.close()
+    with open(path) as f:
+      rows = [line for line in f if line.strip() and keep(json.loads(line))]
+    with open(path + ".tmp", "w") as f:
+      f.writelines(rows)
+    os.replace(path + ".tmp", path)
+    self._jsonl = open(path, "a")
+
   def close(self) -> None:
     self._jsonl.close()
     if self._tb is not None:

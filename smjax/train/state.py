@@ -61,8 +61,8 @@ def learning_rate_schedule(cfg: OptimizerConfig) -> optax.Schedule:
 def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
   """`optax.clip_by_global_norm`, the same arithmetic, that takes the global norm from the
   caller when given (`update(..., grad_norm=norm)`): the steps have it already for their metrics
-  and non-finite check, and recomputing it inside their update branch costs a pass over all
-  gradients (~2 % of a small GRPO step on CPU)."""
+  and non-finite check, and recomputing it inside their update branch costs another pass over
+  all gradients."""
   def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
     del params, extra_args
     g_norm = optax.tree.norm(updates) if grad_norm is None else grad_norm

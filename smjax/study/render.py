@@ -1,0 +1,301 @@
+"""The study report rendered: the printed table with its intervals and verdicts, report.json/csv,
+curves.json and the accuracy-vs-FLOPs plot (smjax.study.report computes every figure)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import glob
+import json
+import math
+import os
+import re
+import sys
+from typing import Sequence
+
+import numpy as np
+
+from smjax.study import stats
+from smjax.study.report import ArmResult, recover_domain_of
+
+
+def _num(v: dict | None, key: str = "mean") -> float:
+  return math.nan if not v else stats.number(v.get(key))
+
+
+def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
+  """"41.3% [38.0, 44.9]" or "2.31e+12 [1.9e+12, 2.8e+12]"; "-" when absent."""
+  m = _num(v)
+  if math.isnan(m):
+    return "-"
+  if math.isinf(m):
+    return "never"
+  if pct:
+    f = (lambda x: f"{100 * x:+.1f}") if signed else (lambda x: f"{100 * x:.1f}")
+    head = f(m) + "%"
+  else:
+    f = lambda x: f"{x:.3g}"  # noqa: E731
+    head = f(m)
+  lo, hi = _num(v, "lo"), _num(v, "hi")
+  if lo == hi == m:  # an exact figure (FLOPs of one seed): no interval to show
+    return head
+  if math.isnan(lo) and math.isnan(hi):
+    return head + (f" ±{100 * _num(v, 'std') if pct else _num(v, 'std'):.2g}"
+                   if v.get("n", 1) > 1 else "")
+  b = lambda x: "inf" if x == math.inf else "-inf" if x == -math.inf else f(x)  # noqa: E731
+  return f"{head} [{b(lo)}, {b(hi)}]"
+
+
+def format_table(report: dict) -> str:
+  """Plain-text tables (main arms, then the recovery arms) and the verdict lines."""
+  rec_d = report.get("recover_domain")
+  conf = f"{100 * report.get('confidence', 0.95):.0f}%"
+  out = []
+  for group in ("main", "recovery"):
+    arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
+    if not arms:
+      continue
+    on = rec_d if group == "recovery" else None
+    tgt = report.get("target_accuracy" if group == "main" else "recover_target")
+    title = ("Arms" if group == "main" else f"Self-teacher recovery of {rec_d}") + (
+        f" (matched target {_ci(tgt, pct=True)}; savings vs "
+        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; "
+        f"mean over seeds {report.get('seeds')}, {conf} intervals)")
+    cols = ["arm", "acc" if on is None else f"{on} acc", "greedy", "per domain", "train FLOPs",
+            "FLOPs to target", "saving@target", "saving total", "distill/experts",
+            "headroom", "resp len"]
+    rows = []
+    for name, a in arms.items():
+      acc = a.get("accuracy_mean") if on is None else a.get("accuracy_recover_domain")
+      greedy = a.get("greedy_mean") if on is None else (a.get("greedy") or {}).get(on)
+      per = " ".join(f"{d}={_ci(v, pct=True).split(' [')[0]}"
+                     for d, v in sorted((a.get("accuracy") or {}).items()))
+      reach = a.get("flops_to_target")
+      reach_s = "-" if not reach else (
+          "0 (starts above)" if _num(reach) == 0 else _ci(reach))
+      rows.append([name, _ci(acc, pct=True), _ci(greedy, pct=True), per,
+                   _ci(a.get("flops_total")) if a.get("flops_total") else "- (not charged)",
+                   reach_s, _ci(a.get("saving_at_target"), pct=True),
+                   _ci(a.get("saving_total"), pct=True),
+                   _ci(a.get("distillation_share"), pct=True),
+                   _ci(a.get("headroom_mean"), pct=True), _ci(a.get("response_length"))])
+    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    out += [title, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
+  if report.get("verdicts"):
+    out += ["Verdicts:"] + [f"  - {v}" for v in report["verdicts"]] + [""]
+  return "\n".join(out)
+
+
+def _flat(prefix: str, v, into: dict) -> None:
+  if isinstance(v, dict) and "mean" in v and "n" in v:
+    into[prefix] = v
+  elif isinstance(v, dict):
+    for k, x in v.items():
+      _flat(f"{prefix}/{k}" if prefix else k, x, into)
+
+
+def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[str, str]:
+  """Writes report.json, report.csv, report.txt, curves.json and accuracy_vs_flops.png; returns
+  their paths. Every file is written beside its final name and renamed, so a reader never sees a
+  half-written one."""
+  os.makedirs(out_dir, exist_ok=True)
+  paths = {k: os.path.join(out_dir, f) for k, f in (
+      ("json", "report.json"), ("csv", "report.csv"), ("curves", "curves.json"),
+      ("plot", "accuracy_vs_flops.png"), ("table", "report.txt"))}
+
+  def atomic(key, write, mode="w"):
+    tmp = paths[key] + ".tmp"
+    with open(tmp, mode, **({"newline": ""} if key == "csv" else {})) as f:
+      write(f)
+    os.replace(tmp, paths[key])
+
+  atomic("json", lambda f: json.dump(report, f, indent=1))
+  atomic("curves", lambda f: json.dump([dataclasses.asdict(a) for a in arms], f))
+
+  def rows(f):
+    w = csv.writer(f)
+    w.writerow(["arm", "metric", "mean", "lo", "hi", "std", "n"])
+    for name, a in report["arms"].items():
+      flat: dict = {}
+      _flat("", {k: v for k, v in a.items() if isinstance(v, dict)}, flat)
+      for metric, v in flat.items():
+        w.writerow([name, metric, v.get("mean"), v.get("lo"), v.get("hi"), v.get("std"),
+                    v.get("n")])
+  atomic("csv", rows)
+  atomic("table", lambda f: f.write(format_table(report) + "\n"))
+  tmp_plot = paths["plot"] + ".tmp.png"
+  plot_curves(arms, report, tmp_plot)
+  os.replace(tmp_plot, paths["plot"])
+  return paths
+
+
+def _band(point: dict, on: str | None) -> float:
+  """Half-width of a curve point's normal-approximation 95% interval over prompts (0 without
+  per-prompt counts): for the mean over domains, the domains' errors combined."""
+  ses = []
+  for d, c in point.get("correct", {}).items():
+    if on is not None and d != on:
+      continue
+    x = np.asarray(c, np.float64) / point.get("samples", 1)
+    ses.append(x.std(ddof=1) / math.sqrt(len(x)) if len(x) > 1 else 0.0)
+  if not ses:
+    return 0.0
+  return 1.96 * math.sqrt(sum(s * s for s in ses)) / len(ses)
+
+
+def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None) -> dict:
+  """What each panel of the plot draws: {group: {"ylabel", "domain", "series": [(arm, seed,
+  flops, acc %, interval half-width %)], "targets"}}. "main": the mean held-out accuracy over
+  domains; "degrade" / "recovery": the recovered domain's, in panels of their own (the recovery
+  curves would be squeezed into the start of the degradation's much longer FLOP axis)."""
+  rec_d = recover_domain_of(arms, recover_domain)
+  out = {}
+  for group in ("main", "degrade", "recovery"):
+    on = None if group == "main" else rec_d
+    members = [a for a in arms if a.curve and (
+        a.group == "main" if group == "main" else
+        a.group == "recovery" and (a.target is None) == (group == "degrade"))]
+    if members:
+      score = lambda p: p["mean"] if on is None else p["accuracy"][on]  # noqa: E731
+      out[group] = {
+          "series": [(a.arm, a.seed, [p["flops"] for p in a.curve],
+                      [100 * score(p) for p in a.curve],
+                      [100 * _band(p, on) for p in a.curve]) for a in members],
+          "domain": on,
+          "targets": sorted({a.target for a in members if a.target is not None}),
+          "ylabel": "held-out accuracy (%), " + (
+              "mean over domains" if on is None else f"{on} (the recovered domain)")}
+  return out
+
+
+def plot_curves(arms: Sequence[ArmResult], report: dict, path: str) -> None:
+  """Held-out accuracy against cumulative training FLOPs, one line per arm and seed with its 95%
+  band over prompts, and the matched target; with the self-teacher study, the degradation and
+  the recovery panels (`curve_series`)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  panels = curve_series(arms, recover_domain=report.get("recover_domain"))
+  n = max(len(panels), 1)
+  fig, axes = plt.subplots(1, n, figsize=(7 * n, 5), squeeze=False)
+  colors: dict[str, str] = {}
+  titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
+            "recovery": "Self-teacher recovery"}
+  for ax, (group, panel) in zip(axes[0], panels.items()):
+    labelled = set()
+    for arm, _, xs, ys, band in panel["series"]:
+      c = colors.setdefault(arm, f"C{len(colors) % 10}")
+      ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
+      ax.fill_between(xs, np.subtract(ys, band), np.add(ys, band), color=c, alpha=0.15, lw=0)
+      labelled.add(arm)
+    tgt = report.get("target_accuracy" if group == "main" else "recover_target")
+    if tgt and not math.isnan(_num(tgt)):
+      ax.axhline(100 * _num(tgt), color="gray", ls=":", lw=1,
+                 label="matched target" if group == "main" else "recovery target")
+    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)"
+                  + ("" if group == "main" else f" of the {group} phase"))
+    ax.set_ylabel(panel["ylabel"])
+    ax.set_title(titles[group] + (f" of {panel['domain']}" if panel["domain"] else "")
+                 + " (bands: 95% over prompts)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def markdown(report: dict) -> str:
+  """The report's tables and verdicts as GitHub markdown (what docs/ pages embed)."""
+  out = []
+  for block in format_table(report).split("\n\n"):
+    lines = [ln for ln in block.splitlines() if ln.strip()]
+    if not lines:
+      continue
+    if lines[0] == "Verdicts:":
+      out.append("\n".join(["**Verdicts**", ""] + [f"- {ln.strip()[2:]}" for ln in lines[1:]]))
+      continue
+    title, header, _, *rows = lines
+    cut = _columns(header)
+    cells = lambda ln: [ln[a:b].strip() for a, b in cut]  # noqa: E731
+    out.append("\n".join([f"*{title}*", "", "| " + " | ".join(cells(header)) + " |",
+                          "|" + "---|" * len(cut)] +
+                         ["| " + " | ".join(cells(r)) + " |" for r in rows]))
+  return "\n\n".join(out) + "\n"
+
+
+def _columns(header: str) -> list[tuple[int, int]]:
+  """Column spans of a format_table header (names are separated by two or more spaces)."""
+  starts = [m.start() for m in re.finditer(r"(?:^|(?<=\s\s))\S", header)]
+  return [(a, b) for a, b in zip(starts, starts[1:] + [None])]
+
+
+def seeds_markdown(data: dict) -> str:
+  """benchmarks/study_seeds.py's JSON as a table: per seed, the base and each arm's final
+  accuracy per domain with its interval, and whether its own domains' gain over the base clears
+  the interval."""
+  rows = []
+  for r in data["seeds"]:
+    if "error" in r:
+      rows.append(f"| {r['seed']} | failed: {' '.join(r['error'])} | | | |")
+      continue
+    base = " ".join(f"{d}={100 * v:.1f}%" for d, v in sorted(r["base"].items()))
+    for arm, a in r["arms"].items():
+      acc = " ".join(f"{d}={100 * v['mean']:.1f}% [{100 * v['lo']:.1f}, {100 * v['hi']:.1f}]"
+                     for d, v in sorted(a["accuracy"].items()))
+      gain = " ".join(f"{d}: {100 * g['gain']:+.1f} [{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}]"
+                      f"{'' if g['learns'] else ' (not beyond)'}"
+                      for d, g in sorted(a["gain_over_base"].items()))
+      rows.append(f"| {r['seed']} | {base} | {arm} | {acc} | {gain} |")
+  head = (f"`{data['command']}` ({data['config']}; {data['machine']['cpu']}, "
+          f"{data['machine']['cores']} cores, {data['date']}; wall time per seed: "
+          + ", ".join(f"{r['wall_s']:.0f} s" for r in data["seeds"]) + ")")
+  return "\n".join([head, "", "| seed | base accuracy | arm | final accuracy [95%] | "
+                     "gain over base on its domains, points [95%] |", "|---|---|---|---|---|"]
+                    + rows) + "\n"
+
+
+GENERATED = "<!-- generated by `python -m smjax.study.render --update-docs` from {src} -->"
+END = "<!-- end generated -->"
+
+
+def update_docs(page: str) -> str:
+  """`page` (a markdown text) with every generated block re-rendered from the report JSON it
+  names (paths relative to the repository root, which the command runs in)."""
+  pat = re.compile(re.escape(GENERATED).replace(r"\{src\}", r"(\S+)") + r"\n.*?" + re.escape(END),
+                   re.S)
+
+  def render(m):
+    with open(m.group(1)) as f:
+      data = json.load(f)
+    body = seeds_markdown(data) if "command" in data and "seeds" in data else markdown(data)
+    return f"{GENERATED.format(src=m.group(1))}\n{body}{END}"
+  return pat.sub(render, page)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(prog="python -m smjax.study.render",
+                               description="Render study reports as markdown.")
+  ap.add_argument("--markdown", metavar="REPORT_JSON", help="print a report.json as markdown")
+  ap.add_argument("--update-docs", nargs="*", metavar="PAGE",
+                  help="re-render the generated blocks of these pages in place "
+                       "(default: README.md and docs/*.md)")
+  a = ap.parse_args(argv)
+  if a.markdown:
+    with open(a.markdown) as f:
+      print(markdown(json.load(f)), end="")
+  if a.update_docs is not None:
+    for page in a.update_docs or ["README.md"] + sorted(glob.glob("docs/*.md")):
+      with open(page) as f:
+        text = f.read()
+      new = update_docs(text)
+      if new != text:
+        with open(page, "w") as f:
+          f.write(new)
+        print(f"updated {page}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,49 @@
+"""`smjax report WORKDIR` (= `python -m smjax.study.report_cli WORKDIR`): re-renders a finished or
+partial study's table, CSV, JSON and plot from what its seeds have finished (their arms.json),
+without running or compiling anything.
+
+  smjax report runs/demo                  # writes runs/demo/report/, prints the table
+  smjax report runs/demo --out=/tmp/rep   # somewhere else
+  smjax report runs/demo --bootstrap=0    # point estimates only (fast)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import ml_collections as mlc
+
+from smjax.checkpoint_meta import read_json
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="smjax report", description=__doc__.split("\n\n")[0])
+  p.add_argument("workdir", help="a study's --workdir")
+  p.add_argument("--out", default=None, help="where to write the report (default WORKDIR/report)")
+  p.add_argument("--bootstrap", type=int, default=None,
+                 help="bootstrap resamples (default: the study's config.report.bootstrap)")
+  a = p.parse_args(argv)
+  # pylint: disable=import-outside-toplevel
+  from smjax.study.run import load_arms, make_report
+  cfg_path = os.path.join(a.workdir, "config.json")
+  if not os.path.exists(cfg_path):
+    raise FileNotFoundError(f"{a.workdir}: not a study workdir (no config.json); give the "
+                            "--workdir a study ran with")
+  config = mlc.ConfigDict(read_json(cfg_path, "rerun the study command, which writes it",
+                                    keys=("report", "phases")))
+  if a.bootstrap is not None:
+    config.report.bootstrap = a.bootstrap
+  arms = load_arms(a.workdir)
+  if not arms:
+    raise ValueError(f"{a.workdir}: no seed has finished a phase yet (no seed_*/arms.json); "
+                     "nothing to report")
+  report = make_report(config, arms, a.out or os.path.join(a.workdir, "report"))
+  print(report["table"])
+  print(f"report: {report['paths']['json']}\nplot:   {report['paths']['plot']}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,180 @@
+"""The study's bootstrap (smjax.study.stats) against numpy, scipy and hand-computed values."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from smjax.study import stats
+from smjax.study.report import ArmResult, build_report
+
+
+def _point(flops, counts, k):
+  """A curve point as smjax.train.evaluate writes it, from per-prompt correct counts."""
+  acc = {d: float(np.mean(c)) / k for d, c in counts.items()}
+  return {"step": 0, "flops": float(flops), "mean": float(np.mean(list(acc.values()))),
+          "accuracy": acc, "correct": {d: [int(x) for x in c] for d, c in counts.items()},
+          "samples": k}
+
+
+def _accuracy_interval(counts_by_seed, k, replicates, rng, confidence=0.95):
+  """The library's interval of the final mean accuracy of one curve point per seed."""
+  curves = {s: [_point(0, {"math": c}, k)] for s, c in counts_by_seed.items()}
+  prompts = {s: stats.prompt_counts([curve]) for s, curve in curves.items()}
+  per_seed = lambda s, idx: {"acc": stats.curve_values(curves[s], idx)[-1]["math"]}  # noqa: E731
+  out = stats.summarise(per_seed, stats.identity(prompts), stats.draws(prompts, replicates, rng),
+                        confidence)
+  return out["acc"]
+
+
+def test_percentile_interval_is_numpys_linear_quantile():
+  v = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+  # Sorted 1 1 2 3 4 5 6 9; q=0.1 sits at 0.7 (between 1 and 1), q=0.9 at 6.3: 6 + 0.3 x 3.
+  assert stats.percentile_interval(v, 0.8) == pytest.approx((1.0, 6.9))
+  assert stats.percentile_interval(v, 0.8) == pytest.approx(tuple(np.quantile(v, [0.1, 0.9])))
+  assert stats.percentile_interval(v + [math.nan], 0.8) == pytest.approx((1.0, 6.9))
+  assert all(math.isnan(x) for x in stats.percentile_interval([math.nan], 0.9))
+
+
+def test_percentile_interval_with_unbounded_replicates():
+  inf = math.inf
+  assert stats.percentile_interval([1.0, 2.0, 3.0, inf], 0.95) == (pytest.approx(1.075), inf)
+  # Every replicate unbounded, or the lower quantile among unbounded ones: the interval is
+  # [inf, inf], not (-inf, inf).
+  assert stats.percentile_interval([inf] * 10, 0.95) == (inf, inf)
+  assert stats.percentile_interval([1.0] * 2 + [inf] * 98, 0.95) == (inf, inf)
+  assert stats.percentile_interval([-inf] * 10, 0.95) == (-inf, -inf)
+  # q=0.025 of 61 values sits at 1.5, between a finite 1 and inf: inf.
+  assert stats.percentile_interval([1.0] * 2 + [inf] * 59, 0.95) == (inf, inf)
+  # Between -inf and +inf it is undefined: open on that side.
+  assert stats.percentile_interval([-inf, inf], 0.5) == (-inf, inf)
+
+
+def test_hand_computed_replicates():
+  # 4 prompts, k = 4 samples: accuracies 0, .25, .5, 1 (mean .4375).
+  curve = [_point(0, {"math": [0, 1, 2, 4]}, 4)]
+  per_seed = lambda s, idx: {"acc": stats.curve_values(curve, idx)[-1]["math"]}  # noqa: E731
+  reps = [([0], {0: {"math": np.array(i)}}) for i in
+          ([0, 0, 0, 0], [3, 3, 3, 3], [0, 1, 2, 3], [1, 1, 2, 2], [2, 3, 2, 3])]
+  # Replicate means 0, 1, .4375, .375, .75 -> sorted 0 .375 .4375 .75 1.
+  s = stats.summarise(per_seed, stats.identity({0: {"math": 4}}), reps, 0.5)["acc"]
+  assert s["mean"] == pytest.approx(0.4375)
+  assert (s["lo"], s["hi"]) == pytest.approx((0.375, 0.75))  # positions 1 and 3
+  assert (s["n"], s["std"], s["missing"], s["undefined"]) == (1, 0.0, 0, 0)
+  s = stats.summarise(per_seed, stats.identity({0: {"math": 4}}), reps, 0.8)["acc"]
+  assert (s["lo"], s["hi"]) == pytest.approx((0.4 * 0.375, 0.75 + 0.6 * 0.25))  # 0.4, 3.6
+  # The drawn indices: one resample of each domain's prompts per replicate.
+  d = stats.draws({0: {"math": 4, "code": 7}}, 3, np.random.default_rng(0))
+  assert len(d) == 3 and all(seeds == [0] for seeds, _ in d)
+  for _, idx in d:
+    assert idx[0]["math"].shape == (4,) and idx[0]["code"].shape == (7,)
+    assert idx[0]["code"].min() >= 0 and idx[0]["code"].max() < 7
+
+
+def test_interval_matches_an_independent_numpy_bootstrap():
+  rng = np.random.default_rng(1)
+  k, n, b = 4, 300, 3000
+  counts = rng.binomial(k, 0.3, size=n)
+  s = _accuracy_interval({0: counts}, k, b, np.random.default_rng(2))
+  idx = np.random.default_rng(3).integers(0, n, size=(b, n))
+  means = counts[idx].mean(1) / k
+  lo, hi = np.quantile(means, [0.025, 0.975])
+  assert s["mean"] == pytest.approx(counts.mean() / k)
+  # Monte-Carlo error of each bound ~ 1e-3 here.
+  assert s["lo"] == pytest.approx(lo, abs=4e-3) and s["hi"] == pytest.approx(hi, abs=4e-3)
+
+
+def test_interval_matches_scipy_bootstrap_percentile():
+  rng = np.random.default_rng(4)
+  x = (rng.random(2000) < 0.3).astype(int)  # Bernoulli(0.3) counts, one sample per prompt
+  s = _accuracy_interval({0: x}, 1, 2000, np.random.default_rng(5))
+  ref = scipy.stats.bootstrap((x,), np.mean, method="percentile", n_resamples=2000,
+                              confidence_level=0.95, random_state=np.random.default_rng(6))
+  assert s["lo"] < 0.3 < s["hi"]
+  assert s["lo"] == pytest.approx(ref.confidence_interval.low, abs=5e-3)
+  assert s["hi"] == pytest.approx(ref.confidence_interval.high, abs=5e-3)
+
+
+def test_coverage_of_a_known_accuracy():
+  rng = np.random.default_rng(7)
+  p, k, n, trials = 0.35, 4, 80, 200
+  covered = 0
+  for _ in range(trials):
+    s = _accuracy_interval({0: rng.binomial(k, p, size=n)}, k, 200, rng)
+    covered += s["lo"] <= p <= s["hi"]
+  assert 0.90 * trials <= covered <= 0.99 * trials
+
+
+def test_identical_arms_give_an_exact_zero_saving():
+  rng = np.random.default_rng(8)
+  k, n = 4, 50
+  lo_c, mid_c, hi_c = (rng.binomial(k, p, size=n) for p in (0.2, 0.4, 0.6))
+  curve = [_point(0, {"math": lo_c}, k), _point(100, {"math": mid_c}, k),
+           _point(200, {"math": hi_c}, k)]
+  arms = [ArmResult(name, 0, [dict(p) for p in curve], {"train/policy": 200.0})
+          for name in ("joint_grpo", "split_merge")]
+  rep = build_report(arms, bootstrap=300)
+  s = rep["arms"]["split_merge"]
+  for fig in ("saving_at_target", "saving_total", "accuracy_vs_reference"):
+    assert (s[fig]["mean"], s[fig]["lo"], s[fig]["hi"], s[fig]["undefined"]) == (0, 0, 0, 0)
+  # ... while each arm's own FLOPs to the target do vary over the replicates.
+  f = s["flops_to_target"]
+  assert f["lo"] < f["mean"] < f["hi"] < 200
+
+
+def test_interval_widens_when_seeds_disagree():
+  rng = np.random.default_rng(9)
+  k, n, b = 4, 200, 400
+  same = rng.binomial(k, 0.5, size=n)
+  agree = _accuracy_interval({s: same for s in range(3)}, k, b, np.random.default_rng(10))
+  apart = _accuracy_interval({s: rng.binomial(k, p, size=n) for s, p in enumerate((.2, .5, .8))},
+                             k, b, np.random.default_rng(10))
+  assert agree["n"] == apart["n"] == 3 and agree["std"] == 0.0 and apart["std"] > 0.2
+  assert apart["hi"] - apart["lo"] > 3 * (agree["hi"] - agree["lo"])
+  # Seeds that agree are more held-out prompts (each seed has its own held-out set): narrower
+  # than one seed's interval.
+  one = _accuracy_interval({0: same}, k, b, np.random.default_rng(10))
+  assert agree["hi"] - agree["lo"] < one["hi"] - one["lo"]
+
+
+def test_a_target_not_always_reached_is_open_above_and_nan_is_undefined():
+  rng = np.random.default_rng(11)
+  k, n = 4, 60
+  start = np.zeros(n, int)
+  end = rng.binomial(k, 0.5, size=n)
+  target = end.mean() / k  # the point estimate reaches it exactly at the last point
+  curve = [_point(0, {"math": start}, k), _point(100, {"math": end}, k)]
+  arms = [ArmResult(name, 0, [dict(p) for p in curve], {"train/policy": 100.0})
+          for name in ("joint_grpo", "split_merge")]
+  rep = build_report(arms, target=target, bootstrap=200)
+  f = rep["arms"]["split_merge"]["flops_to_target"]
+  assert f["mean"] == pytest.approx(100.0) and f["missing"] == 0
+  assert f["hi"] == "inf" and 0 < f["lo"] < 100  # jsonable: +inf as "inf"
+  # Both arms never reach it in the same replicates: inf/inf there, left out and counted.
+  s = rep["arms"]["split_merge"]["saving_at_target"]
+  assert 0 < s["undefined"] < 200 and (s["mean"], s["lo"], s["hi"]) == (0, 0, 0)
+  json.dumps(rep, allow_nan=False)
+  # jsonable and number, both ways.
+  v = {"mean": 1.0, "lo": -math.inf, "hi": math.inf, "std": math.nan, "n": 2}
+  j = stats.jsonable(v)
+  assert j == {"mean": 1.0, "lo": "-inf", "hi": "inf", "std": None, "n": 2}
+  assert [stats.number(j[x]) for x in ("lo", "hi")] == [-math.inf, math.inf]
+  assert math.isnan(stats.number(j["std"]))
+
+
+def test_nan_and_infinite_seeds_are_counted():
+  # Two seeds; the figure is nan in seed 1's replicates that drew prompt 0 twice or more.
+  def per_seed(s, idx):
+    sel = idx.get("math")
+    if s == 0:
+      return {"x": 1.0, "y": math.inf}
+    return {"x": math.nan if sel is not None and np.sum(sel == 0) >= 2 else 2.0, "y": 1.0}
+  reps = [([0, 1], {0: {"math": np.array([1, 2])}, 1: {"math": np.array(i)}})
+          for i in ([0, 0], [0, 1], [1, 1], [0, 0])]
+  out = stats.summarise(per_seed, stats.identity({0: {"math": 2}, 1: {"math": 2}}), reps, 0.9)
+  x, y = out["x"], out["y"]
+  assert x["mean"] == 1.5 and x["undefined"] == 2 and (x["lo"], x["hi"]) == (1.5, 1.5)
+  assert y["mean"] == math.inf and y["missing"] == 1 and y["std"] == 0.0  # over finite seeds
+  assert (y["lo"], y["hi"]) == (math.inf, math.inf)

@@ -1,0 +1,204 @@
+"""The study's rules: the base's band check and flawed-chain mixture, the collapse check, and an SFT
+run stopped by a signal and resumed (smjax.study.run.check_band, smjax.study.phases.flaw_mixture,
+smjax.train.loop.Collapse, run_sft)."""
+
+import logging
+
+import jax
+import numpy as np
+import pytest
+
+from smjax import data as data_lib
+from smjax.domains import get_domain
+from smjax.ledger import FlopLedger
+from smjax.models.presets import get_preset
+from smjax.models.tokenizer import CharTokenizer
+from smjax.models.transformer import Transformer, init_params
+from smjax.study.config import study_defaults
+from smjax.study.phases import flaw_mixture
+from smjax.study.run import BandError, check_band
+from smjax.study.store import PhaseOutput
+from smjax.train import state as state_lib
+from smjax.train import steps as steps_lib
+from smjax.train.loop import Collapse, CollapseError, run_sft
+
+
+def _base(acc, pass_k):
+  band = {"samples": 8, "accuracy": acc, "pass_at_k": pass_k}
+  return PhaseOutput(params=None, ledger=None, curve=[], extra={"band": band})
+
+
+def test_band_accepts_a_partly_right_base_with_headroom():
+  check_band(study_defaults(), 0, _base({"math": 0.35, "code": 0.5}, {"math": 0.8, "code": 0.9}))
+
+
+@pytest.mark.parametrize("acc,pass_k,needle", [
+    ({"math": 0.12, "code": 0.4}, {"math": 0.7, "code": 0.9}, "math accuracy 12.0% is outside"),
+    ({"math": 0.3, "code": 0.61}, {"math": 0.7, "code": 0.95}, "code accuracy 61.0% is outside"),
+    ({"math": 0.3, "code": 0.4}, {"math": 0.45, "code": 0.9}, "math pass@8 45.0% is less than"),
+])
+def test_band_refuses_a_base_outside_it_naming_seed_and_values(acc, pass_k, needle):
+  with pytest.raises(BandError) as e:
+    check_band(study_defaults(), 3, _base(acc, pass_k))
+  msg = str(e.value)
+  assert msg.startswith("seed 3: the base model misses config.band") and needle in msg, msg
+  assert "\n" not in msg and "config.band.check=False" in msg
+
+
+def test_band_check_off_warns_and_goes_on(caplog):
+  c = study_defaults()
+  c.band.check = False
+  with caplog.at_level(logging.WARNING):
+    check_band(c, 1, _base({"math": 0.0}, {"math": 0.0}))
+  assert "seed 1: the base model misses config.band" in caplog.text
+
+
+@pytest.mark.parametrize("p", [0.25, 0.6])
+def test_flaw_mixture_hits_its_correct_fraction_and_is_stable(p):
+  """Of the examples that admit a mistake, a fraction p keeps a correct chain (binomial
+  tolerance, 4 sigma); examples without one are always correct; the same example always gets
+  the same chain (a resumed base sees the same mixture)."""
+  doms = {d: get_domain(d, difficulty=1, form="chain") for d in ("math", "code")}
+  mix = flaw_mixture(doms, p)
+  for name, dom in doms.items():
+    ex = [dom.example("train", i, seed=5) for i in range(1500)]
+    mixed = [mix(e) for e in ex]
+    assert [mix(e).solution for e in ex[:50]] == [m.solution for m in mixed[:50]]
+    with_sites = [(e, m) for e, m in zip(ex, mixed) if dom.chain_sites(e) > 0]
+    assert all(m.solution == e.solution for e, m in zip(ex, mixed) if dom.chain_sites(e) == 0)
+    # A chain is correct iff it is the gold chain (every flawed site makes the answer wrong).
+    correct = np.mean([m.solution == e.solution for e, m in with_sites])
+    n = len(with_sites)
+    assert abs(correct - p) < 4 * np.sqrt(p * (1 - p) / n), (name, correct, n)
+    wrong = [m for e, m in with_sites if m.solution != e.solution][:200]
+    if name == "math":
+      assert all(dom.verify(m, m.solution) == 0.0 for m in wrong)
+
+
+def _collapse(window=3):
+  return Collapse("joint_grpo", window, vocab_size=128, advice="config.rl.learning_rate too high")
+
+
+def test_collapse_on_sustained_zero_reward_and_zero_gradient():
+  c = _collapse()
+  dead = {"reward/mean": 0.0, "grad_norm": 0.0, "entropy": 1.0}
+  c.step(0, dead)
+  c.step(1, dead)
+  c.step(2, {"reward/mean": 0.1, "grad_norm": 0.3, "entropy": 1.0})   # resets the count
+  c.step(3, dead)
+  c.step(4, dead)
+  with pytest.raises(CollapseError) as e:
+    c.step(5, dead)
+  msg = str(e.value)
+  assert msg.startswith("joint_grpo: the policy collapsed at step 5: no sample has scored")
+  assert "config.rl.learning_rate too high" in msg and "collapse_window=0" in msg
+  # All samples right also has no variance and no gradient: that is saturation, not collapse.
+  c = _collapse()
+  for i in range(10):
+    c.step(i, {"reward/mean": 1.0, "grad_norm": 0.0, "entropy": 0.1})
+
+
+def test_collapse_on_uniform_output_and_on_heldout_falling_to_zero():
+  c = _collapse()
+  uniform = {"reward/mean": 0.2, "grad_norm": 1.0, "entropy": float(np.log(128))}
+  c.step(0, uniform)
+  c.step(1, uniform)
+  with pytest.raises(CollapseError, match=r"entropy has been at ln V \(4.852\) for 3 steps"):
+    c.step(2, uniform)
+  c = _collapse()
+  c.evaluation(0, 0.0)       # a base at 0 that stays there is not a collapse
+  c.evaluation(10, 0.0)
+  c.evaluation(20, 0.3)
+  with pytest.raises(CollapseError, match="held-out accuracy fell to 0 from 30.0%"):
+    c.evaluation(30, 0.0)
+  off = _collapse(window=0)
+  for i in range(5):
+    off.step(i, {"reward/mean": 0.0, "grad_norm": 0.0, "entropy": 9.0})
+  off.evaluation(0, 0.5)
+  off.evaluation(1, 0.0)
+
+
+def test_sft_stops_on_a_signal_at_a_save_and_resumes_exactly():
+  """run_sft: a stop (SIGTERM flag) saves and returns; resuming from what was saved (state,
+  stream position, ledger) gives bitwise the parameters of the uninterrupted run."""
+  cfg = get_preset("toy-tiny")
+  tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=3e-3))
+  step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(cfg), tx))
+
+  def stream():
+    ds = data_lib.prompt_pipeline([get_domain("math")], batch_size=8, split="train", seed=1)
+    return data_lib.PromptStream(iter(ds))
+
+  def fresh():
+    return state_lib.create_state(init_params(cfg, jax.random.key(0)), tx)
+
+  kw = dict(phase="base/sft", step=step, tokenizer=CharTokenizer(), seq_len=16, num_steps=6,
+            progress=False)
+  want, _ = run_sft(state=fresh(), examples_iter=stream(), ledger=FlopLedger(), **kw)
+  saves, s1, led = [], stream(), FlopLedger()
+  calls = iter(range(100))
+  state, _ = run_sft(state=fresh(), examples_iter=s1, ledger=led, checkpoint_every=2,
+                     save=lambda done, st: saves.append((done, st, s1.get_state())),
+                     should_stop=lambda: next(calls) >= 2, **kw)
+  assert [s[0] for s in saves] == [2, 3]           # the regular save, then the stop's
+  done, saved, data_state = saves[-1]
+  s2 = stream()
+  s2.set_state(data_state)
+  got, _ = run_sft(state=saved, examples_iter=s2, ledger=led, start_step=done, **kw)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(want.params),
+                                                  jax.tree.leaves(got.params)))
+
+
+def test_a_too_long_training_record_is_refused_at_start_naming_file_and_line(tmp_path):
+  """check_lengths reads every record of a file domain's splits, not only the held-out prompts:
+  a training question too long for the model is refused before anything runs, with its file and
+  line, and advice that makes sense when even the prompt alone does not fit."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.study.config import check_lengths  # pylint: disable=import-outside-toplevel
+  train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+  rows = [{"question": "1+1?", "answer": "2"}] * 3
+  train.write_text("\n".join(json.dumps(r) for r in rows[:2] + [
+      {"question": "x" * 300, "answer": "3"}]) + "\n")
+  test.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+  name = f"jsonl_math:train={train},test={test}"
+  dom = get_domain(name)
+  c = study_defaults()
+  c.domains, c.phases, c.rl.max_new_tokens = (name,), ("base", "joint"), 8
+  heldout = {name: dom.generate("test", 3, seed=0)}
+  with pytest.raises(ValueError) as e:
+    check_lengths(c, CharTokenizer(), get_preset("toy-tiny"), heldout, {name: dom})
+  msg = str(e.value)
+  assert f"{train}:line 3" in msg and "leaves no room for an answer" in msg, msg
+  check_lengths(c, CharTokenizer(), get_preset("toy-tiny"), heldout)   # held-out only: fits
+
+
+def test_metrics_writer_keep_only_drops_rows_a_resumed_run_logs_again(tmp_path):
+  from smjax.train.metrics import MetricsWriter  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  with MetricsWriter(str(tmp_path), tensorboard=False) as w:
+    for i in range(6):
+      w.write(i, {"loss": float(i)})
+    w.write(4, {"heldout/mean": 0.5})
+    w.keep_only(lambda r: r["step"] < 4 or (r["step"] == 4 and "loss" not in r))
+    for i in range(4, 6):
+      w.write(i, {"loss": 10.0 + i})
+  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  assert [(r["step"], r.get("loss")) for r in rows] == [
+      (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, None), (4, 14.0), (5, 15.0)]
+
+
+def test_a_phase_that_cannot_find_the_grid_refuses_instead_of_deriving_another(tmp_path):
+  from smjax.study import store  # pylint: disable=import-outside-toplevel
+  c = study_defaults()
+  (tmp_path / "base").mkdir()
+  (tmp_path / "base" / "result.json").write_text("{}")
+  assert store.grid_or_refuse(str(tmp_path), c, "joint_grpo", may_fix=True) == 0.0
+  with pytest.raises(FileNotFoundError, match="must be evaluated on the seed's grid"):
+    store.grid_or_refuse(str(tmp_path), c, "mopd", may_fix=False)
+  (tmp_path / "joint_grpo").mkdir()
+  (tmp_path / "joint_grpo" / "result.json").write_text("{}")
+  with pytest.raises(FileNotFoundError, match="that joint_grpo finished on"):
+    store.grid_or_refuse(str(tmp_path), c, "expert_math", may_fix=True)
+  store.save_eval_every(str(tmp_path), c, 1e9)
+  assert store.grid_or_refuse(str(tmp_path), c, "expert_math", may_fix=True) == pytest.approx(
+      1e9 * c.joint.steps / c.eval.points)
