@@ -231,3 +231,57 @@ def test_tunix_driver_parses_its_arguments():
   assert drv.REQUIREMENTS and all("tunix" in r for r in drv.REQUIREMENTS[:1])
   with pytest.raises(SystemExit):
     _peer_smjax.parse_args("x", "tunix", ["--size", "huge"])
+
+
+def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
+  # The GPU script's own CPU path (issue 27): every section at tiny shapes, the kernels
+  # interpreted, in a subprocess as a GPU session would run it (its env and imports included).
+  import subprocess  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "gpu_check.json"
+  proc = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_check.py"), "--cpu-smoke",
+                         "--out", str(out), "--demo-workdir", str(tmp_path / "demo")],
+                        capture_output=True, text=True, timeout=300, check=False)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  res = json.loads(out.read_text())
+  assert res["smoke"] and res["backend"] == "cpu"
+  secs = res["sections"]
+  assert list(secs) == ["kernels", "step", "sampler", "demo"]
+  for name, rec in secs.items():
+    assert "error" not in rec and "skipped" not in rec, (name, rec)
+
+  def numbers(x):  # every number in a record (None: a figure the CPU does not give)
+    if isinstance(x, dict):
+      return [n for v in x.values() for n in numbers(v)]
+    if isinstance(x, list):
+      return [n for v in x for n in numbers(v)]
+    return [x] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
+
+  for name, rec in secs.items():
+    assert numbers(rec) and all(np.isfinite(numbers(rec))), name
+  kern = secs["kernels"]
+  assert kern["interpret"]
+  for dtype, rows in kern["reverse_kl"].items():
+    assert set(rows) >= {"pallas", "xla", "naive"}
+    for impl in ("pallas", "xla"):
+      assert rows[impl]["err_fwd"]["max_abs"] < 1e-4, (dtype, impl)
+      assert rows[impl]["err_grad"]["max_rel"] < 1e-2, (dtype, impl)
+      assert rows[impl]["grad"]["temp_bytes"] >= 0 and rows[impl]["grad"]["median_s"] > 0
+  for impl in ("pallas", "xla"):
+    ga = kern["group_advantage"][impl]
+    assert ga["err_fwd"]["max_abs"] < 1e-5 and ga["err_grad"]["max_rel"] < 1e-4, impl
+  step = secs["step"]
+  assert step["finite"] == 1.0 and step["compiled_flops"] > 0 and step["step_s"] > 0
+  assert 2 * 128 ** 3 <= step["matmul"]["flops"] <= 1.05 * 2 * 128 ** 3  # + bf16 converts
+  assert step["mfu_vs_matmul"] == pytest.approx(
+      step["compiled_flops"] / step["step_s"] / step["matmul"]["flops_per_s"])
+  samp = secs["sampler"]
+  assert samp["steps_run"] == samp["new_tokens"] - 1 and samp["tokens_per_s"] > 0
+  demo = secs["demo"]
+  assert demo["stand_in"] and demo["returncode"] == 0 and demo["verdicts"]
+  # Goals are for the GPU run: here every one is marked not applicable, with its value.
+  assert set(res["goals"]) == {"reverse_kl_at_least_as_fast_as_chunked_xla",
+                               "reverse_kl_8x_less_temp_memory_than_naive",
+                               "grpo_step_mfu_40pct_bf16", "demo_under_2_min"}
+  for g in res["goals"].values():
+    assert g["applicable"] is False and g["met"] is None and g["value"] is not None
+  assert "gpu_check on cpu" in proc.stdout and "goal grpo_step_mfu_40pct_bf16" in proc.stdout
