@@ -1,0 +1,69 @@
+"""The docs cannot drift from the runs or from the tree: every generated block of README.md and
+docs/*.md equals what `python -m smjax.study.render --update-docs` renders from the report JSON it
+names, and every relative link in them points to a file (and heading) that exists."""
+
+import glob
+import os
+import re
+
+import pytest
+
+from smjax.study import render
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT)
+                               for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                                                  recursive=True))
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _read(page: str) -> str:
+  with open(os.path.join(ROOT, page)) as f:
+    return f.read()
+
+
+def _prose(text: str) -> str:
+  """The page without its fenced code blocks (code may contain `](` that is not a link)."""
+  return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+  """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", "")).replace(" ", "-")
+
+
+def _anchors(text: str) -> set[str]:
+  return {_slug(m) for m in re.findall(r"^#+ (.*)$", _prose(text), re.M)}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_generated_blocks_match_their_reports(page, monkeypatch):
+  monkeypatch.chdir(ROOT)  # the blocks name their reports relative to the repository root
+  text = _read(page)
+  for src in re.findall(re.escape(render.GENERATED).replace(r"\{src\}", r"(\S+)"), text):
+    assert os.path.exists(src), f"{page}: a generated block names {src}, which does not exist"
+  assert render.update_docs(text) == text, (
+      f"{page} differs from its reports; run `python -m smjax.study.render --update-docs "
+      f"{page}` and commit the result")
+
+
+def test_the_demo_table_is_generated_in_readme_and_study():
+  for page in ("README.md", "docs/study.md"):
+    assert render.GENERATED.format(src="docs/demo_report.json") in _read(page), page
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_point_to_existing_files(page):
+  text = _read(page)
+  here = os.path.dirname(os.path.join(ROOT, page))
+  broken = []
+  for target in LINK.findall(_prose(text)):
+    if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto: ...
+      continue
+    path, _, anchor = target.partition("#")
+    file = os.path.normpath(os.path.join(here, path)) if path else os.path.join(ROOT, page)
+    if not os.path.exists(file):
+      broken.append(f"{target} (no file {os.path.relpath(file, ROOT)})")
+    elif anchor and file.endswith(".md") and anchor not in _anchors(open(file).read()):
+      broken.append(f"{target} (no heading #{anchor} in {os.path.relpath(file, ROOT)})")
+  assert not broken, f"{page}: broken links: {broken}"
