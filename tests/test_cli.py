@@ -71,3 +71,32 @@ def test_info_goes_to_log_file_not_terminal(tmp_path, capsys):
   text = open(path).read()
   assert "an info record for the file" in text and "a warning for both" in text
   assert "an info record for the file" not in capsys.readouterr().err
+
+
+def test_bad_data_file_is_one_line_naming_file_and_line(tmp_path):
+  """A JSONL domain with a non-UTF-8 byte on line 2: refused at start, one line naming the file
+  and the line, and no workdir left behind."""
+  bad = tmp_path / "math.jsonl"
+  bad.write_bytes(b'{"question": "1+1?", "answer": "2"}\n{"question": "caf\xe9", "answer": "1"}\n')
+  p = _cli(f"--config.domains=('jsonl_math:{bad}',)", "--config.band.check=False",
+           workdir=tmp_path / "w")
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert f"{bad}:2: not UTF-8" in p.stderr and "Traceback" not in p.stderr, p.stderr
+  assert not (tmp_path / "w").exists()
+
+
+def test_workdir_of_another_study_is_refused_in_one_line_and_left_as_it_was(tmp_path):
+  """A workdir whose config.json was written by a study with another base: refused before
+  anything runs, naming the field, and its config.json is not overwritten."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.study.config import study_defaults  # pylint: disable=import-outside-toplevel
+  wd = tmp_path / "w"
+  wd.mkdir()
+  other = study_defaults()
+  other.base.steps = 7
+  (wd / "config.json").write_text(json.dumps(other.to_dict()))
+  before = (wd / "config.json").read_text()
+  p = _cli(workdir=wd)
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert "holds another study" in p.stderr and "base.steps" in p.stderr, p.stderr
+  assert (wd / "config.json").read_text() == before

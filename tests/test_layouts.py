@@ -29,7 +29,7 @@ from smjax.models.attention import PackedRows, packed_attention
 from smjax.models.transformer import Transformer, init_params
 from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
 from smjax.train import steps as st
-from smjax.train.loop import check_finite
+from smjax.train.guards import check_finite
 from smjax.train.score import score, target_logits, target_logprobs
 from smjax.train.state import create_state
 from smjax.train.teachers import Teacher, TeacherRouter

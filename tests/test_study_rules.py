@@ -1,6 +1,6 @@
 """The study's rules: the base's band check and flawed-chain mixture, the collapse check, and an SFT
 run stopped by a signal and resumed (smjax.study.run.check_band, smjax.study.phases.flaw_mixture,
-smjax.train.loop.Collapse, run_sft)."""
+smjax.train.guards.Collapse, smjax.train.loop.run_sft)."""
 
 import logging
 
@@ -20,7 +20,8 @@ from smjax.study.run import BandError, check_band
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
-from smjax.train.loop import Collapse, CollapseError, run_sft
+from smjax.train.guards import Collapse, CollapseError
+from smjax.train.loop import run_sft
 
 
 def _base(acc, pass_k):
@@ -182,7 +183,7 @@ def test_metrics_writer_keep_only_drops_rows_a_resumed_run_logs_again(tmp_path):
     w.keep_only(lambda r: r["step"] < 4 or (r["step"] == 4 and "loss" not in r))
     for i in range(4, 6):
       w.write(i, {"loss": 10.0 + i})
-  rows = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
   assert [(r["step"], r.get("loss")) for r in rows] == [
       (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, None), (4, 14.0), (5, 15.0)]
 

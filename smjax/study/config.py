@@ -40,7 +40,7 @@ def study_defaults() -> mlc.ConfigDict:
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
   # An RL/OPD phase stops with a CollapseError when, for this many steps in a row, no sample
   # scores and the gradient is 0, or the policy's entropy sits at ln V; or when its held-out
-  # accuracy falls to 0 after it was above 5% (smjax.train.loop.Collapse). 0: no check.
+  # accuracy falls to 0 after it was above 5% (smjax.train.guards.Collapse). 0: no check.
   c.collapse_window = 25
 
   # hf_path: a local Hugging Face directory (config.json, safetensors, tokenizer.json). When set,

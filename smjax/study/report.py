@@ -99,7 +99,6 @@ def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = No
   return shared.pop() if len(shared) == 1 else None
 
 
-
 def _mean(acc: dict) -> float:
   return float(np.mean(list(acc.values()))) if acc else math.nan
 

@@ -181,7 +181,7 @@ _INPUTS = ("old_logp_BT", "ref_logp_BT", "rewards_B", "teacher_logp_BT", "teache
 
 def _finite_flags(loss, grad_norm, batch: SequenceBatch) -> dict[str, jax.Array]:
   """{what: all finite} for the loss, the gradient norm and each float input of the batch: the
-  guards a non-finite step's error names (smjax.train.loop.check_finite)."""
+  guards a non-finite step's error names (smjax.train.guards.check_finite)."""
   flags = {"loss": jnp.isfinite(loss), "grad_norm": jnp.isfinite(grad_norm)}
   for name in _INPUTS:
     x = getattr(batch, name)
