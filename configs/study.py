@@ -7,7 +7,8 @@ r"""A whole study: split-then-merge (GRPO experts + MOPD) against joint GRPO, pl
 Arguments: `two_domain` (math + code) or `four_domain` (math, code, logic, strings); `demo` (one
 seed, the main comparison, sized for `make demo`'s budget of 10 minutes on 2 CPU cores) or `full`
 (three seeds, longer runs, every arm); `main`: only the main comparison's phases (base, joint GRPO,
-experts, MOPD: claims (a), (b)), as `demo` always runs.
+experts, MOPD: claims (a), (b)), as `demo` always runs; `short`: the short-answer regime (answers
+alone, the previous default) instead of the chain form.
 
 Expected result: docs/study.md (the demo's table and verdicts, generated from
 docs/demo_report.json). `full` has not been run in the chain regime yet, and `four_domain` is not
@@ -18,7 +19,8 @@ from smjax.study.config import parse_arg, study_defaults
 
 
 def get_config(arg=None):
-  a = parse_arg(arg, two_domain=False, four_domain=False, demo=False, full=False, main=False)
+  a = parse_arg(arg, two_domain=False, four_domain=False, demo=False, full=False, main=False,
+                short=False)
   if a.two_domain == a.four_domain:
     raise ValueError("configs/study.py: give exactly one of two_domain, four_domain")
   if a.demo == a.full:
@@ -46,4 +48,12 @@ def get_config(arg=None):
   if a.demo or a.main:
     # The main comparison only (claims (a), (b)); external and self teachers are in `full`.
     c.phases = ("base", "joint", "experts", "mopd")
+  if a.short:
+    # The short-answer regime (the answer alone, ~4 tokens; docs/archive/short_answer): a base
+    # SFT'd on gold answers and stopped part-way through its cosine, which is seed- and
+    # machine-sensitive, so the band only warns.
+    c.form = "short"
+    c.rl.max_new_tokens = 12
+    c.base.steps, c.base.schedule_steps, c.base.seq_len = 750, 1000, 36
+    c.band.check = False
   return c

@@ -232,6 +232,10 @@ def test_study_config_arguments_choose_the_phases():
   assert full.joint.steps == 4 * full.experts.steps
   four_main = cfg.get_config("four_domain,full,main")
   assert tuple(four_main.phases) == main and four_main.seeds == (0, 1, 2)
+  short = cfg.get_config("two_domain,demo,short")
+  assert short.form == "short" and not short.band.check and short.rl.max_new_tokens == 12
+  from smjax.study.config import validate  # pylint: disable=import-outside-toplevel
+  validate(short)
   with pytest.raises(ValueError, match="'mian' is not one of"):
     cfg.get_config("four_domain,full,mian")
 
