@@ -153,6 +153,8 @@ class ToyDomain(Domain):
   def __init__(self, difficulty: int = 1, form: str = "short"):
     if form not in FORMS:
       raise ValueError(f"{self.name}: form={form!r} must be one of {FORMS}")
+    if form == "chain" and type(self).chain_solution is ToyDomain.chain_solution:
+      raise ValueError(f"{self.name}: this domain has no chain form; use form='short'")
     self.form = form
     self.difficulty = self._check_difficulty(difficulty)
 
