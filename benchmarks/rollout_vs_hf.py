@@ -5,18 +5,26 @@ smjax with smjax.models.hf), the same left-padded prompt batch, G samples per pr
 number of new tokens (EOS disabled on both sides, so every row runs the full length). smjax's
 compile time is excluded from its timing and reported; HF gets a warm-up run.
 
+Defaults: a GRPO-sized batch (16 prompts x 4 samples = 64 rows, 64 new tokens) at three sizes,
+sampled and greedy, every thread the process may use on both sides (what a user's process runs
+with). Beside every figure: the fraction of the matmul floor, the generation's useful (analytic)
+FLOPs divided by the time and by this process's f32 matmul rate ([2048, 2048] @ [2048, 2048],
+jitted, measured before and after, the faster kept). `docs/rollout_vs_hf.json` is this command's
+result; `python -m smjax.study.render --update-docs` renders it into docs/performance.md.
+
 Threads: `--threads N` pins the process to N CPUs before jax and torch load (jax's XLA CPU backend
 sizes its thread pool from the affinity mask) and calls torch.set_num_threads(N), so both use the
 same cores; the output says so. On a machine shared with other jobs, torch's OpenMP threads can
 slow down several-fold when N exceeds the idle cores: run N=1 too and compare.
 
-  .venv/bin/python benchmarks/rollout_vs_hf.py                  # writes bench_results/rollout_vs_hf.json
+  .venv/bin/python benchmarks/rollout_vs_hf.py --out docs/rollout_vs_hf.json
   .venv/bin/python benchmarks/rollout_vs_hf.py --threads 1 --size toy --out /tmp/r.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -29,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _peer_common import timed  # noqa: E402  (the peer benchmarks' timer)
+from study_seeds import _cpu  # noqa: E402  (the CPU's model name)
 import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 
 SIZES = {  # vocab, d_model, d_ff, layers, heads, kv_heads
@@ -38,11 +47,20 @@ SIZES = {  # vocab, d_model, d_ff, layers, heads, kv_heads
 }
 
 
-def build_hf_model(args):
+def matmul_rate(jax) -> float:
+  """FLOP/s of a jitted f32 [2048, 2048] @ [2048, 2048], best of 10."""
+  n = 2048
+  a = jax.numpy.ones((n, n), jax.numpy.float32)
+  mm = jax.jit(lambda x: x @ x)
+  mm(a).block_until_ready()
+  return 2 * n ** 3 / min(timed(lambda: mm(a).block_until_ready(), 10))
+
+
+def build_hf_model(size):
   import torch
   import transformers
   torch.manual_seed(0)
-  vocab, d_model, d_ff, layers, heads, kv_heads = SIZES[args.size]
+  vocab, d_model, d_ff, layers, heads, kv_heads = SIZES[size]
   cfg = transformers.Qwen3Config(
       vocab_size=vocab, hidden_size=d_model, intermediate_size=d_ff,
       num_hidden_layers=layers, num_attention_heads=heads,
@@ -56,9 +74,9 @@ def build_hf_model(args):
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--size", default="mid", choices=sorted(SIZES))
+  ap.add_argument("--size", nargs="+", default=["toy", "small", "mid"], choices=sorted(SIZES))
   ap.add_argument("--threads", type=int, default=0, help="CPUs for both (0: all available)")
-  ap.add_argument("--prompts", type=int, default=8)
+  ap.add_argument("--prompts", type=int, default=16)
   ap.add_argument("--samples", type=int, default=4, help="G samples per prompt")
   ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 32), help="min max")
   ap.add_argument("--new-tokens", type=int, default=64)
@@ -81,77 +99,91 @@ def main():
         f"{threads} cores (process affinity); jax {jax.__version__}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}")
 
-  model = build_hf_model(args)
-  with tempfile.TemporaryDirectory() as path:
-    model.save_pretrained(path)
-    cfg, params = hf.load_params(path)
-  params = jax.device_put(params)
-  n_params = sum(p.numel() for p in model.parameters())
-  print(f"model: Qwen3-style '{args.size}', {n_params / 1e6:.2f}M params, d_model "
-        f"{cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}")
+  peak = matmul_rate(jax)
+  results = dict(benchmark="rollout_vs_hf", command="python benchmarks/rollout_vs_hf.py "
+                 + " ".join(sys.argv[1:]), config=vars(args), threads=threads,
+                 cpu=_cpu(), date=datetime.date.today().isoformat(), platform=platform.platform(),
+                 jax=jax.__version__, torch=torch.__version__, sizes={})
+  for size in args.size:
+    model = build_hf_model(size)
+    with tempfile.TemporaryDirectory() as path:
+      model.save_pretrained(path)
+      cfg, params = hf.load_params(path)
+    params = jax.device_put(params)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: Qwen3-style '{size}', {n_params / 1e6:.2f}M params, d_model "
+          f"{cfg.d_model}, {cfg.n_layers} layers, vocab {cfg.vocab_size}")
 
-  rng = np.random.RandomState(0)
-  lo, hi = args.prompt_len
-  prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size, rng.randint(lo, hi + 1))]
-             for _ in range(args.prompts)]
-  G, T = args.samples, args.new_tokens
-  rows = args.prompts * G
-  bucket = 1 << (hi - 1).bit_length()
-  sampler = Sampler(cfg, max_new_tokens=T, eos_id=None, pad_id=0, prompt_buckets=(bucket,))
-  results = dict(config=vars(args), threads=threads, params=n_params, rows=rows,
-                 prompt_bucket=bucket, platform=platform.platform(), modes={})
+    rng = np.random.RandomState(0)
+    lo, hi = args.prompt_len
+    prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size, rng.randint(lo, hi + 1))]
+               for _ in range(args.prompts)]
+    G, T = args.samples, args.new_tokens
+    rows = args.prompts * G
+    bucket = 1 << (hi - 1).bit_length()
+    sampler = Sampler(cfg, max_new_tokens=T, eos_id=None, pad_id=0, prompt_buckets=(bucket,))
+    results["sizes"][size] = sized = dict(params=n_params, rows=rows, prompt_bucket=bucket,
+                                          modes={})
 
-  for mode in args.modes:
-    greedy = mode == "greedy"
-    key = iter(range(10_000))
+    for mode in args.modes:
+      greedy = mode == "greedy"
+      key = iter(range(10_000))
 
-    def ours():
-      r = sampler.generate(params, prompts, jax.random.key(next(key)), num_samples=G,
-                           greedy=greedy)
-      r.completion_BC.block_until_ready()
-      return r
+      def ours():
+        r = sampler.generate(params, prompts, jax.random.key(next(key)), num_samples=G,
+                             greedy=greedy)
+        r.completion_BC.block_until_ready()
+        return r
 
-    t0 = time.perf_counter()
-    res = ours()
-    first = time.perf_counter() - t0
-    ours_times = timed(ours, args.reps)
-    assert np.asarray(res.completion_mask_BC).all() and res.steps_run == T - 1
+      t0 = time.perf_counter()
+      res = ours()
+      first = time.perf_counter() - t0
+      ours_times = timed(ours, args.reps)
+      assert np.asarray(res.completion_mask_BC).all() and res.steps_run == T - 1
 
-    # HF prefills every row (its num_return_sequences expands the inputs the same way).
-    prompt_BP = torch.tensor(np.asarray(res.prompt_BP), dtype=torch.long)
-    mask_BP = torch.tensor(np.asarray(res.prompt_mask_BP), dtype=torch.long)
-    hf_kw = dict(attention_mask=mask_BP, max_new_tokens=T, min_new_tokens=T, pad_token_id=0)
-    hf_kw.update(dict(do_sample=False) if greedy else
-                 dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0))
+      # HF prefills every row (its num_return_sequences expands the inputs the same way).
+      prompt_BP = torch.tensor(np.asarray(res.prompt_BP), dtype=torch.long)
+      mask_BP = torch.tensor(np.asarray(res.prompt_mask_BP), dtype=torch.long)
+      hf_kw = dict(attention_mask=mask_BP, max_new_tokens=T, min_new_tokens=T, pad_token_id=0)
+      hf_kw.update(dict(do_sample=False) if greedy else
+                   dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0))
 
-    def theirs():
-      with torch.no_grad():
-        out = model.generate(prompt_BP, **hf_kw)
-      assert out.shape == (rows, prompt_BP.shape[1] + T), out.shape
+      def theirs():
+        with torch.no_grad():
+          out = model.generate(prompt_BP, **hf_kw)
+        assert out.shape == (rows, prompt_BP.shape[1] + T), out.shape
 
-    t0 = time.perf_counter()
-    theirs()
-    hf_warm = time.perf_counter() - t0
-    hf_times = timed(theirs, args.reps)
+      t0 = time.perf_counter()
+      theirs()
+      hf_warm = time.perf_counter() - t0
+      hf_times = timed(theirs, args.reps)
 
-    tokens = rows * T
-    ours_s, hf_s = statistics.median(ours_times), statistics.median(hf_times)
-    flops = sum(c.flops() for c in res.program_calls)
-    useful = sum(c.useful for c in res.program_calls)
-    entry = dict(smjax_s=ours_s, smjax_runs_s=ours_times, smjax_first_call_s=first,
-                 smjax_compile_s_approx=first - ours_s, hf_s=hf_s, hf_runs_s=hf_times,
-                 hf_warmup_s=hf_warm, tokens=tokens, smjax_tokens_per_s=tokens / ours_s,
-                 hf_tokens_per_s=tokens / hf_s, speedup=hf_s / ours_s,
-                 smjax_compiled_flops=flops, smjax_useful_flops=useful,
-                 smjax_gflops_per_s=flops / ours_s / 1e9)
-    results["modes"][mode] = entry
-    print(f"[{mode}] {rows} rows ({args.prompts} prompts x {G}) x {T} new tokens, prompts "
-          f"{lo}-{hi} tokens (bucket {bucket})")
-    print(f"  smjax: {ours_s * 1e3:8.1f} ms  {tokens / ours_s:9.0f} tok/s   (first call incl. "
-          f"compile {first:.2f} s; {flops / 1e9:.2f} GFLOP compiled, {useful / 1e9:.2f} useful)")
-    print(f"  HF   : {hf_s * 1e3:8.1f} ms  {tokens / hf_s:9.0f} tok/s   (warm-up {hf_warm:.2f} s)")
-    print(f"  speedup smjax / HF: {hf_s / ours_s:.2f}x")
+      tokens = rows * T
+      ours_s, hf_s = statistics.median(ours_times), statistics.median(hf_times)
+      flops = sum(c.flops() for c in res.program_calls)
+      useful = sum(c.useful for c in res.program_calls)
+      entry = dict(smjax_s=ours_s, smjax_runs_s=ours_times, smjax_first_call_s=first,
+                   smjax_compile_s_approx=first - ours_s, hf_s=hf_s, hf_runs_s=hf_times,
+                   hf_warmup_s=hf_warm, tokens=tokens, smjax_tokens_per_s=tokens / ours_s,
+                   hf_tokens_per_s=tokens / hf_s, speedup=hf_s / ours_s,
+                   smjax_compiled_flops=flops, smjax_useful_flops=useful,
+                   smjax_gflops_per_s=flops / ours_s / 1e9)
+      entry["smjax_floor_fraction"] = useful / ours_s / peak
+      entry["hf_floor_fraction"] = useful / hf_s / peak
+      sized["modes"][mode] = entry
+      print(f"[{mode}] {rows} rows ({args.prompts} prompts x {G}) x {T} new tokens, prompts "
+            f"{lo}-{hi} tokens (bucket {bucket})")
+      print(f"  smjax: {ours_s * 1e3:8.1f} ms  {tokens / ours_s:9.0f} tok/s   (first call incl. "
+            f"compile {first:.2f} s; {flops / 1e9:.2f} GFLOP compiled, {useful / 1e9:.2f} useful)")
+      print(f"  HF   : {hf_s * 1e3:8.1f} ms  {tokens / hf_s:9.0f} tok/s   (warm-up {hf_warm:.2f} s)")
+      print(f"  speedup smjax / HF: {hf_s / ours_s:.2f}x; fraction of the matmul floor: smjax "
+            f"{entry['smjax_floor_fraction']:.0%}, HF {entry['hf_floor_fraction']:.0%}")
 
+  results["matmul_flops_per_s"] = peak = max(peak, matmul_rate(jax))
+  for sized in results["sizes"].values():  # the floor fractions against the faster peak
+    for e in sized["modes"].values():
+      e["smjax_floor_fraction"] = e["smjax_useful_flops"] / e["smjax_s"] / peak
+      e["hf_floor_fraction"] = e["smjax_useful_flops"] / e["hf_s"] / peak
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

@@ -19,6 +19,13 @@ u[r] = uniform(fold_in(rng, r), [C]) is drawn once at prefill. A row's draws do 
 batch size, the sharding or the other rows: G copies of a prompt sampled from one shared prefill
 give exactly the tokens G separate copies of the prompt would.
 
+Decode step (docs/performance.md, `benchmarks/decode_profile.py`): the cache keeps its keys
+transposed ([B, K, H, S], `KVCache.keys_transposed`) so that attention over it is two plain
+products per row and kv head (`decode_attend`), the loop runs on `fuse_for_decode` parameters
+(q/k/v and gate/up each one matmul) when unsharded, and plain sampling (temperature 1, no top-k /
+top-p) draws from the same exp pass that gives the log-prob. None of it changes a token: the same
+key gives the same completions as the general path, up to float rounding in the logits.
+
 FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and the
 separately jitted single decode step (the exact loop body) times the decode steps that ran.
 The "useful" count is `smjax.flops.analytic_flops` of the real (unpadded) tokens.
@@ -42,9 +49,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from smjax import sharding as shd
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
-from smjax.sampling import filter_top_k_top_p, inverse_cdf, picked_logprob
-from smjax.models.transformer import (KVCache, ModelConfig, Transformer, init_cache, lm_head,
-                                      positions_from_mask)
+from smjax.sampling import filter_top_k_top_p, inverse_cdf, inverse_cdf_weights
+from smjax.models.transformer import (KVCache, ModelConfig, Transformer, fuse_for_decode,
+                                      init_cache, lm_head, positions_from_mask, transpose_keys)
 
 
 @flax.struct.dataclass
@@ -133,18 +140,29 @@ def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, floa
 # --------------------------------------------------------------------------------- sampling
 
 def _sample(logits_BV, u_B, sp: SamplingParams):
-  """(token, policy log-prob at temperature 1) per row."""
-  logits_BV = logits_BV.astype(jnp.float32)
+  """(token, policy log-prob at temperature 1) per row.
 
-  def sampled(_):
+  The log-prob's exp(logits - max) pass is the sampling weights at temperature 1 without top-k /
+  top-p (the GRPO default), so that case draws from it instead of taking a second pass."""
+  logits_BV = logits_BV.astype(jnp.float32)
+  max_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
+  w_BV = jnp.exp(logits_BV - max_B1)
+  lse_B = max_B1[:, 0] + jnp.log(jnp.sum(w_BV, axis=-1))
+
+  def warped(_):
     scaled_BV = logits_BV / sp.temperature
     scaled_BV = jax.lax.cond(sp.filtering, filter_top_k_top_p, lambda x, *_: x, scaled_BV,
                              sp.top_k, sp.top_p)
     return inverse_cdf(u_B, scaled_BV)
 
+  def sampled(_):
+    plain = ~sp.filtering & (sp.temperature == 1.0)
+    return jax.lax.cond(plain, lambda _: inverse_cdf_weights(u_B, w_BV), warped, None)
+
   greedy = lambda _: jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
   tok_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
-  return tok_B, picked_logprob(logits_BV, tok_B)
+  picked_B = jnp.take_along_axis(logits_BV, tok_B[:, None], axis=-1)[:, 0]
+  return tok_B, picked_B - lse_B
 
 
 def _advance(state: SamplingState, logits_BV, sp: SamplingParams):
@@ -195,8 +213,8 @@ def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg
                                              cache, return_hidden=True)
   logits_BV = lm_head(params, cfg, hidden_BPD[:, -1:])[:, 0]  # left-padded: last slot is real
   rep = lambda x: jnp.repeat(x, G, axis=0)
-  cache = KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)),
-                  valid_BS=rep(cache.valid_BS), index=cache.index)
+  cache = transpose_keys(KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)),
+                                valid_BS=rep(cache.valid_BS), index=cache.index))
   R = B * G
   if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
     rng = jax.random.key_data(rng)
@@ -226,6 +244,12 @@ def _decode_step(params, state: SamplingState, sp: SamplingParams, *, cfg, mesh)
   return _constrain(_advance(state, logits_B1V[:, 0], sp), mesh)
 
 
+def _decode_params(params, mesh):
+  """The decode loop's parameters: fused projections on one device (`fuse_for_decode`), as they
+  are on a mesh, whose sharded weights a concatenation would move."""
+  return fuse_for_decode(params) if mesh is None else params
+
+
 # A separately jitted single step: its cost analysis is the per-iteration cost of the loop.
 _decode_step_jit = jax.jit(_decode_step, static_argnames=_STATIC)
 
@@ -234,6 +258,7 @@ _decode_step_jit = jax.jit(_decode_step, static_argnames=_STATIC)
                    donate_argnames=("state",))
 def _decode_loop(params, state: SamplingState, sp: SamplingParams, *, cfg, max_new_tokens,
                  mesh) -> SamplingState:
+  params = _decode_params(params, mesh)
   cond = lambda s: (s.t < max_new_tokens) & ~jnp.all(s.done_B)
   body = lambda s: _decode_step(params, s, sp, cfg=cfg, mesh=mesh)
   return jax.lax.while_loop(cond, body, state)
@@ -384,7 +409,8 @@ class Sampler:
     prefill_args = (params, prompt_BP, mask_BP, real_B, rng, sp)
     prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G)
     state = _prefill(*prefill_args, **prefill_kwargs)
-    step_args = jax.tree.map(shape_struct, (params, state, sp))
+    step_params = jax.eval_shape(functools.partial(_decode_params, mesh=self.mesh), params)
+    step_args = (step_params,) + jax.tree.map(shape_struct, (state, sp))
     state = _decode_loop(params, state, sp, max_new_tokens=C, **static)
     steps_run = int(state.t) - 1
 

@@ -38,10 +38,15 @@ def inverse_cdf(u_B, scaled_BV):
   clamps only act when rounding puts u·total outside the sums; they keep zero-weight tokens
   (top-k/top-p exclusions, vocab padding) unreachable.
   """
-  B, V = scaled_BV.shape
+  return inverse_cdf_weights(u_B, jnp.exp(scaled_BV - jnp.max(scaled_BV, axis=-1, keepdims=True)))
+
+
+def inverse_cdf_weights(u_B, w_BV):
+  """`inverse_cdf` from unnormalised weights w = exp(scaled - max(scaled)) (>= 0, the largest 1),
+  for a caller that has them already."""
+  B, V = w_BV.shape
   blk = 1 << max(0, math.ceil(math.log2(math.sqrt(V))))
   nb = -(-V // blk)
-  w_BV = jnp.exp(scaled_BV - jnp.max(scaled_BV, axis=-1, keepdims=True))
   w_Bblocks_block = jnp.pad(w_BV, ((0, 0), (0, nb * blk - V))).reshape(B, nb, blk)
   bsum_Bblocks = jnp.sum(w_Bblocks_block, axis=-1)
   bcum_Bblocks = jnp.cumsum(bsum_Bblocks, axis=-1)
@@ -56,9 +61,3 @@ def inverse_cdf(u_B, scaled_BV):
   last_B = blk - 1 - jnp.argmax(pos_Bblock[:, ::-1], axis=-1)
   i_B = jnp.clip(jnp.sum(cdf_Bblock <= target_B[:, None], axis=-1), first_B, last_B)
   return (j_B * blk + i_B).astype(jnp.int32)
-
-
-def picked_logprob(x_BV, tok_B):
-  """log_softmax(x)[tok] without materialising the [B, V] log-softmax."""
-  return (jnp.take_along_axis(x_BV, tok_B[:, None], axis=-1)[:, 0]
-          - jax.nn.logsumexp(x_BV, axis=-1))

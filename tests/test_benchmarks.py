@@ -5,10 +5,13 @@ speed, tests only check that the scripts run and report consistent records."""
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from smjax.study import render
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCH)
@@ -285,3 +288,32 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
   for g in res["goals"].values():
     assert g["applicable"] is False and g["met"] is None and g["value"] is not None
   assert "gpu_check on cpu" in proc.stdout and "goal grpo_step_mfu_40pct_bf16" in proc.stdout
+
+
+def test_rollout_vs_hf_toy_writes_consistent_json(tmp_path):
+  """The sampler benchmark end to end at toy size: both sides run, the JSON renders."""
+  out = tmp_path / "r.json"
+  proc = subprocess.run([sys.executable, os.path.join(BENCH, "rollout_vs_hf.py"), "--size", "toy",
+                         "--prompts", "2", "--samples", "2", "--new-tokens", "4", "--reps", "1",
+                         "--modes", "sample", "--out", str(out)],
+                        capture_output=True, text=True, check=False, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  res = json.loads(out.read_text())
+  e = res["sizes"]["toy"]["modes"]["sample"]
+  assert res["sizes"]["toy"]["rows"] == 4 and e["tokens"] == 16
+  assert e["speedup"] == pytest.approx(e["hf_s"] / e["smjax_s"])
+  assert e["smjax_floor_fraction"] == pytest.approx(
+      e["smjax_useful_flops"] / e["smjax_s"] / res["matmul_flops_per_s"])
+  assert "| toy (0.1M) | sample |" in render.bench_markdown(res)
+
+
+def test_decode_profile_interval_merge_and_scopes():
+  dp = _load("decode_profile")
+  assert dp.merged_ns([(0, 10), (5, 12), (20, 25), (24, 30)]) == 22  # hand-computed
+  assert dp.merged_ns([]) == 0
+  hlo = ('  %dot.3 = f32[2]{0} dot(%a, %b), metadata={op_name="jit(f)/while/body/Transformer/'
+         'layers_0/mlp/dot_general" stack_frame_id=1}\n  ROOT %x = f32[] add(%c)')
+  scopes = dp.op_scopes(hlo)
+  assert scopes == {"dot.3": "jit(f)/while/body/Transformer/layers_0/mlp/dot_general"}
+  part = next(name for name, test in dp.PARTS if test(scopes["dot.3"]))
+  assert part.startswith("MLP")

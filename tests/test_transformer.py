@@ -8,7 +8,8 @@ import jax.numpy as jnp
 
 from hf_models import tiny_hf_model
 from smjax.models import hf
-from smjax.models.transformer import KVCache, Transformer, init_cache, init_params
+from smjax.models.transformer import (KVCache, Transformer, fuse_for_decode, init_cache,
+                                      init_params, transpose_keys)
 from smjax.models.presets import get_preset
 
 CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True), ("llama", False),
@@ -71,8 +72,12 @@ def test_left_padding_matches_transformers(hf_dirs, fam, tie):
   assert np.isfinite(ours).all()  # pad rows attend to nothing: uniform, not NaN
 
 
-@pytest.mark.parametrize("fam,tie", [("qwen2", False), ("llama", True)])
-def test_cached_decoding_equals_full_forward(hf_dirs, fam, tie):
+@pytest.mark.parametrize("fam,tie,sampler_layout", [("qwen2", False, False), ("llama", True, False),
+                                                    ("qwen2", False, True), ("qwen3", False, True)])
+def test_cached_decoding_equals_full_forward(hf_dirs, fam, tie, sampler_layout):
+  """Prefill then one-token decode steps reproduce the cache-free forward; `sampler_layout`: the
+  sampler's decode path (keys stored transposed, decode steps on `fuse_for_decode` parameters:
+  fused q/k/v with Qwen2's biases and Qwen3's q/k norms, fused gate/up)."""
   _, path = hf_dirs[(fam, tie)]
   cfg, params = hf.load_params(path)
   rng = np.random.RandomState(3)
@@ -94,8 +99,15 @@ def test_cached_decoding_equals_full_forward(hf_dirs, fam, tie):
   cache = init_cache(cfg, 2, P + new + 3)
   logits, cache = apply(params, prompt, full_pos[:, :P], mask, cache)
   steps = [np.asarray(logits)]
+  step_params = fuse_for_decode(params) if sampler_layout else params
+  if sampler_layout:
+    cache = transpose_keys(cache)
+    assert "qkv" in step_params["layers_0"]["attn"] and "q" not in step_params["layers_0"]["attn"]
+    assert cache.k[0].shape == (2, cfg.n_kv_heads, cfg.head_dim, P + new + 3)
+    with pytest.raises(ValueError, match="one token per call"):
+      apply(step_params, cont[:, :2], full_pos[:, P:P + 2], np.ones((2, 2), bool), cache)
   for t in range(new):
-    logits, cache = apply(params, cont[:, t:t + 1], full_pos[:, P + t:P + t + 1],
+    logits, cache = apply(step_params, cont[:, t:t + 1], full_pos[:, P + t:P + t + 1],
                           np.ones((2, 1), bool), cache)
     steps.append(np.asarray(logits))
   assert isinstance(cache, KVCache) and int(cache.index) == P + new

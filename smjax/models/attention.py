@@ -44,6 +44,30 @@ def attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt) -> jax.Array:
   return out_BTKrH.reshape(B, T, N * H)
 
 
+def decode_attend(q_B1NH, keys_BKHS, values_BKSH, visible_BS, dt) -> jax.Array:
+  """`attend` for one query per row (a decode step over a KV cache): queries [B, 1, N, H] over the
+  cache's keys, stored transposed [B, K, H, S], and values [B, K, S, H] where `visible_BS`;
+  returns [B, 1, N·H].
+
+  The same softmax attention as `attend` with the query axis dropped, as B·K plain products
+  [r, H] @ [H, S] and [r, S] @ [S, H] whose outputs keep the cache's batch-major order. On
+  XLA:CPU `attend`'s BTKrH output order made the value product run transposed ([H, S] @ [S, r])
+  and keys stored [S, H] made the score product a transposed one; together about 3x slower at a
+  GRPO-sized decode step (docs/performance.md, `benchmarks/decode_profile.py`)."""
+  B, T, N, H = q_B1NH.shape
+  K = keys_BKHS.shape[1]
+  if T != 1:
+    raise ValueError(f"decode_attend: queries {q_B1NH.shape} must have one time step")
+  q_BKrH = q_B1NH.reshape(B, K, N // K, H)
+  scores_BKrS = jnp.einsum("BKrH,BKHS->BKrS", q_BKrH, keys_BKHS.astype(dt),
+                           preferred_element_type=jnp.float32)
+  scores_BKrS = scores_BKrS / math.sqrt(H)
+  scores_BKrS = jnp.where(visible_BS[:, None, None], scores_BKrS, _NEG_INF)
+  probs_BKrS = jax.nn.softmax(scores_BKrS, axis=-1).astype(dt)
+  out_BKrH = jnp.einsum("BKrS,BKSH->BKrH", probs_BKrS, values_BKSH.astype(dt))
+  return out_BKrH.reshape(B, 1, N * H)
+
+
 def packed_attention(packed: PackedRows, queries, k_1TKH, v_1TKH, mask_1T, dt) -> jax.Array:
   """Attention of a packed stream (module docstring): each prompt causally over itself, each
   completion row over its prompt and its own earlier columns. Returns [1, queries, N·H] for

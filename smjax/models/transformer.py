@@ -37,7 +37,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from smjax.models.attention import PackedRows, attend, packed_attention
+from smjax.models.attention import PackedRows, attend, decode_attend, packed_attention
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -118,13 +118,21 @@ class KVCache:
 
   All rows share `index` (prompts are left-padded to one length), so prefill and decode write the
   same slots for every row and `valid_BS` carries the per-row padding.
+
+  `keys_transposed` (static): keys stored [B, K, H, S], slots minor, the layout the sampler's
+  decode step reads best (`decode_attend`: a plain [r, H] @ [H, S] score product per row and kv
+  head); otherwise [B, K, S, H] like the values. Either layout gives the same attention. A
+  transposed cache takes one token per call (decode steps): prefill a plain one and
+  `transpose_keys` it (T > 1 against transposed keys made XLA:CPU pick a dot it cannot run in
+  bf16).
   """
-  # [B, K, S, H]: heads before slots, so a decode step reads each head's keys contiguously (the
-  # [B, S, K, H] layout makes XLA transpose the whole cache every layer and step).
-  k: tuple[jax.Array, ...]  # L x [B, K, S, H]
+  # Heads before slots, so a decode step reads each head's keys contiguously (the [B, S, K, H]
+  # layout makes XLA transpose the whole cache every layer and step).
+  k: tuple[jax.Array, ...]  # L x [B, K, S, H], or [B, K, H, S] with keys_transposed
   v: tuple[jax.Array, ...]  # L x [B, K, S, H]
   valid_BS: jax.Array       # bool
   index: jax.Array          # int32 scalar
+  keys_transposed: bool = flax.struct.field(pytree_node=False, default=False)
 
   @property
   def max_len(self) -> int:
@@ -138,6 +146,13 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) ->
   zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))
   return KVCache(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
                  valid_BS=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+
+
+def transpose_keys(cache: KVCache) -> KVCache:
+  """A plain cache with its keys moved to the decode layout [B, K, H, S] (see KVCache)."""
+  if cache.keys_transposed:
+    return cache
+  return cache.replace(k=tuple(k.transpose(0, 1, 3, 2) for k in cache.k), keys_transposed=True)
 
 
 def positions_from_mask(mask_BT) -> jax.Array:
@@ -251,9 +266,17 @@ class Attention(nn.Module):
       return y
 
     q_rows = packed.scored_rows if scored_only else lambda x: x
-    q_BTNH = proj("q", N, "q_heads", q_rows(x_BTD))
-    k_BTKH = proj("k", K, "kv_heads")
-    v_BTKH = proj("v", K, "kv_heads")
+    if self.has_variable("params", "qkv"):  # decode layout (fuse_for_decode): one product
+      if packed is not None:
+        raise ValueError("Attention: fused decode parameters (fuse_for_decode) take no packed rows")
+      qkv_BTGH = dense(x_BTD, self.get_variable("params", "qkv").astype(dt))  # G = N + 2K
+      if cfg.qkv_bias:
+        qkv_BTGH = qkv_BTGH + self.get_variable("params", "qkv_bias").astype(dt)
+      q_BTNH, k_BTKH, v_BTKH = jnp.split(qkv_BTGH, (N, N + K), axis=-2)
+    else:
+      q_BTNH = proj("q", N, "q_heads", q_rows(x_BTD))
+      k_BTKH = proj("k", K, "kv_heads")
+      v_BTKH = proj("v", K, "kv_heads")
     if cfg.qk_norm:
       q_BTNH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="q_norm")(q_BTNH)
       k_BTKH = RMSNorm(cfg.rms_norm_eps, pdt, "head_dim", name="k_norm")(k_BTKH)
@@ -275,17 +298,28 @@ class Attention(nn.Module):
       k_slot_S = jnp.arange(T)
       new_layer_cache = None
     else:
-      ck, cv, cvalid = layer_cache
-      keys_BKSH = jax.lax.dynamic_update_slice(ck, k_BKTH.astype(ck.dtype), (0, 0, cache_index, 0))
+      ck, cv, cvalid, keys_transposed = layer_cache
+      if keys_transposed:  # [B, K, H, S]: decode steps only (KVCache)
+        if T != 1:
+          raise ValueError(f"Attention: a cache with transposed keys takes one token per call, "
+                           f"got {T}; fill a plain cache, then `transpose_keys` it")
+        new_keys = jax.lax.dynamic_update_slice(ck, k_BKTH.transpose(0, 1, 3, 2).astype(ck.dtype),
+                                                (0, 0, 0, cache_index))
+      else:
+        new_keys = keys_BKSH = jax.lax.dynamic_update_slice(ck, k_BKTH.astype(ck.dtype),
+                                                            (0, 0, cache_index, 0))
       values_BKSH = jax.lax.dynamic_update_slice(cv, v_BKTH.astype(cv.dtype),
                                                  (0, 0, cache_index, 0))
       valid_BS = cvalid
       q_slot_T = cache_index + jnp.arange(T)
-      k_slot_S = jnp.arange(ck.shape[2])
-      new_layer_cache = (keys_BKSH, values_BKSH)
+      k_slot_S = jnp.arange(cv.shape[2])
+      new_layer_cache = (new_keys, values_BKSH)
 
     visible_BTS = (k_slot_S[None, None, :] <= q_slot_T[None, :, None]) & valid_BS[:, None, :]
-    heads = attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt)  # [B, T, N·H]
+    if layer_cache is not None and layer_cache[3]:  # a decode step
+      heads = decode_attend(q_BTNH, new_keys, values_BKSH, visible_BTS[:, 0], dt)  # [B, 1, N·H]
+    else:
+      heads = attend(q_BTNH, keys_BKSH, values_BKSH, visible_BTS, dt)  # [B, T, N·H]
     # BTNH,NHD->BTD as [M, N·H] @ [N·H, D].
     return dense(heads, wo.astype(dt).reshape(N * H, D)), new_layer_cache
 
@@ -299,12 +333,19 @@ class MLP(nn.Module):
     dt, pdt = cfg.jnp_dtype, cfg.jnp_param_dtype
     D, F = cfg.d_model, cfg.d_ff
     init = nn.initializers.normal(stddev=0.02)
-    gate = self.param("gate", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
-    up = self.param("up", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
-    down = self.param("down", nn.with_logical_partitioning(init, ("mlp", "embed")), (F, D), pdt)
-    g_BTF = dense(x_BTD, gate.astype(dt))
-    u_BTF = dense(x_BTD, up.astype(dt))
-    return dense(nn.silu(g_BTF) * u_BTF, down.astype(dt))
+    down = lambda: self.param("down", nn.with_logical_partitioning(init, ("mlp", "embed")), (F, D),
+                              pdt)
+    if self.has_variable("params", "gate_up"):  # decode layout (fuse_for_decode): one product
+      g_BTF, u_BTF = jnp.split(dense(x_BTD, self.get_variable("params", "gate_up").astype(dt)),
+                               2, axis=-1)
+      w_down = down()
+    else:  # gate, up, down: the order init draws them in
+      gate = self.param("gate", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
+      up = self.param("up", nn.with_logical_partitioning(init, ("embed", "mlp")), (D, F), pdt)
+      w_down = down()
+      g_BTF = dense(x_BTD, gate.astype(dt))
+      u_BTF = dense(x_BTD, up.astype(dt))
+    return dense(nn.silu(g_BTF) * u_BTF, w_down.astype(dt))
 
 
 class Block(nn.Module):
@@ -358,7 +399,8 @@ class Transformer(nn.Module):
     new_k, new_v = [], []
     rope_BT_half = rope_cos_sin(positions_BT, rope_inv_freq(cfg))  # (cos, sin), shared by the layers
     for layer in range(cfg.n_layers):
-      layer_cache = None if cache is None else (cache.k[layer], cache.v[layer], valid_BS)
+      layer_cache = None if cache is None else (cache.k[layer], cache.v[layer], valid_BS,
+                                                cache.keys_transposed)
       # A packed stream's last layer runs its queries, MLP and the final norm on the rows a
       # score reads alone (PackedRows.scored_rows), so a packed call returns those rows.
       last = packed is not None and layer == cfg.n_layers - 1
@@ -371,7 +413,7 @@ class Transformer(nn.Module):
     new_cache = None
     if cache is not None:
       new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid_BS=valid_BS,
-                          index=cache.index + T)
+                          index=cache.index + T, keys_transposed=cache.keys_transposed)
     if return_hidden:
       return x_BTD, new_cache
     if cfg.tie_embeddings:
@@ -388,6 +430,27 @@ def lm_head(params, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
   """Logits from final hidden states (for losses that chunk the vocabulary projection)."""
   head_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
   return dense(hidden_BTD, head_DV.astype(cfg.jnp_dtype), preferred_element_type=jnp.float32)
+
+
+def fuse_for_decode(params):
+  """The same parameters with each layer's q, k and v projections (and biases) as one `qkv`
+  [D, N + 2K, H] and the MLP's gate and up as one `gate_up` [D, 2F]: the decoder reads either
+  layout and computes the same values, the fused one as two matmuls fewer per layer. The sampler
+  uses it for its decode loop, where the rows are few (the batch) and XLA:CPU runs a [rows, D]
+  @ [D, 2F] product faster than two of [D, F] (docs/performance.md). Unsharded use: concatenating
+  weights split over a mesh's tensor axis would move them."""
+  out = dict(params)
+  for name, layer in params.items():
+    if not name.startswith("layers_"):
+      continue
+    attn, mlp = dict(layer["attn"]), dict(layer["mlp"])
+    attn["qkv"] = jnp.concatenate([attn.pop("q"), attn.pop("k"), attn.pop("v")], axis=1)
+    if "q_bias" in attn:
+      attn["qkv_bias"] = jnp.concatenate([attn.pop("q_bias"), attn.pop("k_bias"),
+                                          attn.pop("v_bias")], axis=0)
+    mlp["gate_up"] = jnp.concatenate([mlp.pop("gate"), mlp.pop("up")], axis=1)
+    out[name] = dict(layer, attn=attn, mlp=mlp)
+  return out
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False):

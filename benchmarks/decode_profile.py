@@ -1,0 +1,143 @@
+"""Where a decode step's time goes: a `jax.profiler` trace of the sampler's decode loop on a
+GRPO-sized batch, its ops' time grouped by what they compute.
+
+One `Sampler.generate` call (16 prompts x 4 samples = 64 rows, 64 new tokens, plain sampling, EOS
+off, the 'small' Qwen3-style model of benchmarks/rollout_vs_hf.py with random weights) is traced
+after warm-up. Every XLA op of the loop body is named by its HLO metadata (the jax source scope,
+e.g. `Transformer/layers_0/mlp/dot_general`) and put in one part; a part's time is the wall time
+during which any of its ops ran on any thread (intervals merged), divided by the decode steps.
+The matmul floor is the generation's analytic FLOPs at this process's f32 [2048, 2048] matmul rate.
+
+  .venv/bin/python benchmarks/decode_profile.py --out docs/decode_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import glob
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import smjax  # noqa: F401,E402  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
+from rollout_vs_hf import _cpu, matmul_rate  # noqa: E402  (shared with the sampler benchmark)
+
+PARTS = (  # (part, test on the op's jax scope), first match wins
+    ("MLP (gate/up and down matmuls, SiLU)", lambda op: "/mlp/" in op),
+    ("attention over the cache (score and value products)",
+     lambda op: "/attn/" in op and re.search(r"BK\w*,BK", op)),
+    ("q/k/v and output projections", lambda op: "/attn/" in op and op.endswith("/dot_general")),
+    ("attention, rest (RoPE, q/k norms, softmax, cache writes)", lambda op: "/attn/" in op),
+    ("LM head and final norm", lambda op: re.search(r"Transformer/(dot_general|final_norm)", op)),
+    ("norms, residuals, embedding", lambda op: "Transformer/" in op),
+    ("sampling, stops and loop bookkeeping", lambda op: True),
+)
+
+
+def op_scopes(hlo_text: str) -> dict[str, str]:
+  """HLO instruction name -> its jax scope (metadata op_name)."""
+  out = {}
+  for line in hlo_text.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]*)\"", line)
+    if m and m.group(1) not in out:
+      out[m.group(1)] = m.group(2)
+  return out
+
+
+def merged_ns(intervals) -> int:
+  total, cur = 0, None
+  for a, b in sorted(intervals):
+    if cur is None or a > cur[1]:
+      total += 0 if cur is None else cur[1] - cur[0]
+      cur = [a, b]
+    else:
+      cur[1] = max(cur[1], b)
+  return total + (0 if cur is None else cur[1] - cur[0])
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default="bench_results/decode_profile.json")
+  args = ap.parse_args()
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax._src.lib import _profile_data  # pylint: disable=import-outside-toplevel
+  from smjax import rollout as ro  # pylint: disable=import-outside-toplevel
+  from smjax.models.transformer import ModelConfig, init_params  # pylint: disable=import-outside-toplevel
+
+  cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
+                    head_dim=64, d_ff=768, max_seq_len=1024, qk_norm=True, rope_theta=1e6)
+  params = init_params(cfg, jax.random.key(0))
+  rng = np.random.RandomState(0)
+  prompts = [[int(t) for t in rng.randint(3, 4096, rng.randint(16, 33))] for _ in range(16)]
+  rows, new_tokens = 64, 64
+  sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(32,))
+  captured = {}
+  loop = ro._decode_loop
+
+  def capture(*a, **k):
+    captured.update(a=a, k=k)
+    return loop(*a, **k)
+
+  ro._decode_loop = capture
+  run = lambda: sampler.generate(params, prompts, jax.random.key(1), num_samples=4)
+  result = run()
+  ro._decode_loop = loop
+  times = []
+  for _ in range(10):
+    t0 = time.perf_counter()
+    run().completion_BC.block_until_ready()
+    times.append(time.perf_counter() - t0)
+  seconds = min(times)
+  peak = matmul_rate(jax)
+  useful = sum(c.useful for c in result.program_calls)
+  scopes = op_scopes(loop.lower(*captured["a"], **captured["k"]).compile().as_text())
+
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      run().completion_BC.block_until_ready()
+    profile = _profile_data.ProfileData.from_file(
+        glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
+  intervals = collections.defaultdict(list)
+  for plane in profile.planes:
+    for line in plane.lines:
+      if "XLAEigen" not in line.name:  # XLA:CPU's compute threads
+        continue
+      for ev in line.events:
+        scope = scopes.get(ev.name, "")
+        if "/while/body/" not in scope:
+          continue
+        part = next(name for name, test in PARTS if test(scope))
+        intervals[part].append((ev.start_ns, ev.end_ns))
+  steps = result.steps_run
+  parts = {name: merged_ns(v) / 1e6 / steps for name, v in intervals.items()}
+  total = sum(parts.values())
+  categories = [dict(category=name, ms_per_step=parts[name], share=parts[name] / total)
+                for name, _ in PARTS if name in parts]
+  out = dict(benchmark="decode_profile", command="python benchmarks/decode_profile.py "
+             + " ".join(sys.argv[1:]), cpu=_cpu(), threads=len(os.sched_getaffinity(0)),
+             jax=jax.__version__, date=datetime.date.today().isoformat(), rows=rows,
+             new_tokens=new_tokens, generate_s=seconds, steps=steps,
+             ms_per_step=seconds / (steps + 1) * 1e3, matmul_flops_per_s=peak,
+             floor_fraction=useful / seconds / peak, traced_ms_per_step=total,
+             categories=categories)
+  print(f"{rows} rows x {new_tokens} tokens: {seconds * 1e3:.1f} ms per generate, "
+        f"{useful / seconds / peak:.0%} of the matmul floor ({peak / 1e9:.0f} GFLOP/s)")
+  for c in categories:
+    print(f"  {c['ms_per_step']:6.3f} ms/step {100 * c['share']:4.0f} %  {c['category']}")
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(out, f, indent=2)
+  print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
