@@ -23,6 +23,9 @@ import time
 
 import numpy as np
 
+# Each peer's venv (`<envs-dir>/<peer>`), pinned so that figures stay comparable across runs.
+TUNIX_REQUIREMENTS = ["google-tunix==0.1.7"]
+
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 FIRST_WORD_ID = 3
 

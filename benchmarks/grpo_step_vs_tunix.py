@@ -31,11 +31,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import _peer_common  # pylint: disable=wrong-import-position
 import _peer_smjax  # pylint: disable=wrong-import-position
 
 # The step speedup the benchmark issue asks for (printed against the machine's matmul peak).
 GOAL = 1.5
-REQUIREMENTS = ["google-tunix==0.1.7"]
+REQUIREMENTS = _peer_common.TUNIX_REQUIREMENTS
 
 
 def main(argv=None) -> dict:

@@ -17,7 +17,13 @@ sizes its thread pool from the affinity mask) and calls torch.set_num_threads(N)
 same cores; the output says so. On a machine shared with other jobs, torch's OpenMP threads can
 slow down several-fold when N exceeds the idle cores: run N=1 too and compare.
 
-  .venv/bin/python benchmarks/rollout_vs_hf.py --out docs/rollout_vs_hf.json
+`--tunix` adds Tunix's sampler (`tunix.generate.sampler.Sampler`, the engine of its GRPO
+rollouts) on the same weights, prompts and rows, run in Tunix's own venv (`<envs-dir>/tunix`,
+created on first use as for benchmarks/grpo_step_vs_tunix.py) as a subprocess with this process's
+CPU affinity; benchmarks/_peer_tunix_sampler.py says what it times. If Tunix cannot be installed
+or run, the script says why and exits non-zero; it never reports a number it did not measure.
+
+  .venv/bin/python benchmarks/rollout_vs_hf.py --tunix --out docs/rollout_vs_hf.json
   .venv/bin/python benchmarks/rollout_vs_hf.py --threads 1 --size toy --out /tmp/r.json
 """
 
@@ -36,9 +42,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _peer_common import timed  # noqa: E402  (the peer benchmarks' timer)
+import _peer_common  # noqa: E402  (the peer benchmarks' timer and venvs)
+from _peer_common import timed  # noqa: E402
 from study_seeds import _cpu  # noqa: E402  (the CPU's model name)
 import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 SIZES = {  # vocab, d_model, d_ff, layers, heads, kv_heads
     "mid": (8192, 384, 1024, 4, 6, 2),   # ~12.6M params: compute matters
@@ -82,8 +91,18 @@ def main():
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("--reps", type=int, default=3)
   ap.add_argument("--modes", nargs="+", default=["sample", "greedy"], choices=["sample", "greedy"])
+  ap.add_argument("--tunix", action="store_true", help="also time Tunix's sampler (own venv)")
+  ap.add_argument("--envs-dir", default="bench_results/envs",
+                  help="where the peers' venvs live (created on first use)")
   ap.add_argument("--out", default="bench_results/rollout_vs_hf.json")
   args = ap.parse_args()
+  tunix_python = None
+  if args.tunix:
+    try:
+      tunix_python = _peer_common.ensure_venv(os.path.join(args.envs_dir, "tunix"),
+                                              _peer_common.TUNIX_REQUIREMENTS)
+    except RuntimeError as e:
+      sys.exit(f"rollout_vs_hf: Tunix could not be installed, so there is no Tunix figure: {e}")
 
   cpus = sorted(os.sched_getaffinity(0))
   if args.threads:
@@ -106,9 +125,10 @@ def main():
                  jax=jax.__version__, torch=torch.__version__, sizes={})
   for size in args.size:
     model = build_hf_model(size)
-    with tempfile.TemporaryDirectory() as path:
-      model.save_pretrained(path)
-      cfg, params = hf.load_params(path)
+    model_dir = tempfile.TemporaryDirectory()  # pylint: disable=consider-using-with
+    path = model_dir.name
+    model.save_pretrained(path)
+    cfg, params = hf.load_params(path)
     params = jax.device_put(params)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: Qwen3-style '{size}', {n_params / 1e6:.2f}M params, d_model "
@@ -171,6 +191,8 @@ def main():
       entry["smjax_floor_fraction"] = useful / ours_s / peak
       entry["hf_floor_fraction"] = useful / hf_s / peak
       sized["modes"][mode] = entry
+      if tunix_python:
+        entry["tunix_s"] = None  # filled in below, once per size
       print(f"[{mode}] {rows} rows ({args.prompts} prompts x {G}) x {T} new tokens, prompts "
             f"{lo}-{hi} tokens (bucket {bucket})")
       print(f"  smjax: {ours_s * 1e3:8.1f} ms  {tokens / ours_s:9.0f} tok/s   (first call incl. "
@@ -179,11 +201,37 @@ def main():
       print(f"  speedup smjax / HF: {hf_s / ours_s:.2f}x; fraction of the matmul floor: smjax "
             f"{entry['smjax_floor_fraction']:.0%}, HF {entry['hf_floor_fraction']:.0%}")
 
+    if tunix_python:
+      vocab, d_model, d_ff, layers, heads, kv_heads = SIZES[size]
+      spec = dict(model_dir=path, prompts=prompts, samples=G, new_tokens=T,
+                  prompt_bucket=bucket, modes=args.modes, reps=args.reps,
+                  dims=dict(vocab=vocab, d_model=d_model, d_ff=d_ff, layers=layers, heads=heads,
+                            kv_heads=kv_heads, head_dim=d_model // heads))
+      try:
+        peer = _peer_common.run_peer(tunix_python, os.path.join(HERE, "_peer_tunix_sampler.py"),
+                                     spec, path, timeout_s=1800)
+      except RuntimeError as e:
+        sys.exit(f"rollout_vs_hf: the Tunix sampler could not run, so there is no Tunix "
+                 f"figure: {e}")
+      sized["tunix"] = dict(jax=peer["jax"], tunix=peer["tunix"], threads=peer["threads"])
+      for mode, e in sized["modes"].items():
+        t = peer["modes"][mode]
+        e.update(tunix_s=t["median_s"], tunix_runs_s=t["runs_s"],
+                 tunix_first_call_s=t["first_call_s"], tunix_what=t["what"],
+                 tunix_tokens_per_s=e["tokens"] / t["median_s"],
+                 speedup_vs_tunix=t["median_s"] / e["smjax_s"])
+        print(f"[{mode}] Tunix sampler: {t['median_s'] * 1e3:8.1f} ms  "
+              f"{e['tunix_tokens_per_s']:9.0f} tok/s (first call {t['first_call_s']:.2f} s); "
+              f"smjax / Tunix: {e['speedup_vs_tunix']:.2f}x")
+    model_dir.cleanup()
+
   results["matmul_flops_per_s"] = peak = max(peak, matmul_rate(jax))
   for sized in results["sizes"].values():  # the floor fractions against the faster peak
     for e in sized["modes"].values():
       e["smjax_floor_fraction"] = e["smjax_useful_flops"] / e["smjax_s"] / peak
       e["hf_floor_fraction"] = e["smjax_useful_flops"] / e["hf_s"] / peak
+      if e.get("tunix_s"):
+        e["tunix_floor_fraction"] = e["smjax_useful_flops"] / e["tunix_s"] / peak
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(results, f, indent=2)

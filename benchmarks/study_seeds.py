@@ -1,7 +1,7 @@
 """Does the demo study tell its arms apart on every seed? `make demo`'s config run once per seed,
 each as its own process into its own workdir, and the per-seed verdicts written to JSON.
 
-  .venv/bin/python benchmarks/study_seeds.py                   # seeds 0 1 2 -> docs/study_seeds.json
+  .venv/bin/python benchmarks/study_seeds.py                   # seeds 0-4 -> docs/study_seeds.json
   .venv/bin/python benchmarks/study_seeds.py --seeds 0 --workdir /tmp/seeds --out /tmp/s.json
 
 For each seed: the base's sampled accuracy and band measurement, each trained arm's final
@@ -51,7 +51,7 @@ def _cpu() -> str:
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
   ap.add_argument("--config", default="configs/study.py:two_domain,demo")
   ap.add_argument("--workdir", default="runs/study_seeds")
   ap.add_argument("--out", default="docs/study_seeds.json")

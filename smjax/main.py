@@ -57,7 +57,7 @@ def setup_logging(workdir: str, verbose: bool) -> str:
   else:
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, LOG_NAME)
-  handler = logging.FileHandler(path, mode="a")
+  handler = _LogFile(path, mode="a")
   handler.setLevel(logging.INFO)
   handler.setFormatter(logging.Formatter("%(asctime)s %(levelname).1s %(name)s "
                                          "%(filename)s:%(lineno)d] %(message)s"))
@@ -65,17 +65,107 @@ def setup_logging(workdir: str, verbose: bool) -> str:
   root.addHandler(handler)
   root.setLevel(min(root.level or logging.INFO, logging.INFO))
   absl_logging.set_verbosity(max(absl_logging.get_verbosity(), absl_logging.INFO))
-  absl_logging.get_absl_handler().setLevel(logging.INFO if verbose else logging.WARNING)
+  terminal = absl_logging.get_absl_handler()
+  terminal.setLevel(logging.INFO if verbose else logging.WARNING)
+  if not verbose and not any(isinstance(f, _KeepOffTerminal) for f in terminal.filters):
+    terminal.addFilter(_KeepOffTerminal())
+  if sys.excepthook is sys.__excepthook__:
+    sys.excepthook = _excepthook
+  if sys.unraisablehook is sys.__unraisablehook__:
+    sys.unraisablehook = _unraisablehook
   return path
+
+
+class _LogFile(logging.FileHandler):
+  """The log file; once a write to it fails (a full disk), it stops, silently: the error that
+  follows is reported by the command line, in one line, instead of a traceback per record."""
+
+  def emit(self, record):
+    if not getattr(self, "broken", False):
+      super().emit(record)
+
+  def handleError(self, record):
+    if isinstance(sys.exc_info()[1], OSError):
+      self.broken = True
+    else:
+      super().handleError(record)
+
+
+class _KeepOffTerminal(logging.Filter):
+  """Keeps orbax's and asyncio's records, and errors printed by background threads, off the
+  terminal (they stay in the log file). A failed background save (a full disk) logs its traceback
+  from every thread that sees it before the error reaches the command line, which reports it in
+  one line."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.name.startswith(("asyncio", _BACKGROUND))
+                or f"{os.sep}orbax{os.sep}" in record.pathname)
+
+
+_BACKGROUND = "smjax.background"
+
+
+def _unraisablehook(u):
+  """asyncio's "Event loop is closed", which tensorstore's completion callbacks report as
+  unraisable for every write still pending when a failed orbax save has closed its loop, goes to
+  the log file; every other unraisable exception as Python reports it."""
+  import traceback  # pylint: disable=import-outside-toplevel
+  frames = traceback.extract_tb(u.exc_traceback)
+  if frames and frames[-1].filename.endswith(os.path.join("asyncio", "base_events.py")):
+    logging.getLogger(_BACKGROUND).error("reported as unraisable: %s", u.err_msg or "",
+                                         exc_info=(u.exc_type, u.exc_value, u.exc_traceback))
+  else:
+    sys.__unraisablehook__(u)
+
+
+def _excepthook(kind, value, tb):
+  """Exceptions printed by callbacks rather than raised to us go to the log file: those of
+  threads other than the main one, and asyncio's "Event loop is closed", which tensorstore's
+  completion callbacks print (PyErr_Print, on whichever thread completes the future) for every
+  write still pending when a failed orbax save closes its loop. Everything else as Python prints
+  it."""
+  import threading  # pylint: disable=import-outside-toplevel
+  import traceback  # pylint: disable=import-outside-toplevel
+  frames = traceback.extract_tb(tb)
+  in_asyncio = bool(frames) and frames[-1].filename.endswith(os.path.join("asyncio",
+                                                                          "base_events.py"))
+  if threading.current_thread() is threading.main_thread() and not in_asyncio:
+    sys.__excepthook__(kind, value, tb)
+  else:
+    logging.getLogger(_BACKGROUND).error("printed by a callback", exc_info=(kind, value, tb))
 
 
 def _one_line(text: str) -> str:
   return "; ".join(s.strip() for s in str(text).splitlines() if s.strip())
 
 
+_QUOTED_PATH = re.compile(r"""["'](/[^"']+)["']""")
+
+
+def disk_full_path(e: BaseException) -> str | None:
+  """Where a write ran out of space, if `e` (or an exception it was raised from) is a full disk:
+  an OSError with ENOSPC, or the RESOURCE_EXHAUSTED error tensorstore raises for an orbax save
+  (its OS error code 28). "" when no path is named; None when `e` is not a full disk. A path
+  inside an orbax save in progress is given as the checkpoint directory it was saving to."""
+  seen, names = set(), []
+  while e is not None and id(e) not in seen:  # the error and those it was raised from
+    seen.add(id(e))
+    text = str(e)
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text \
+        or "os_error_code='28'" in text:
+      paths = _QUOTED_PATH.findall(text)
+      names.append(getattr(e, "filename", None) or (paths[-1] if paths else ""))
+    e = e.__cause__ or e.__context__
+  if not names:
+    return None
+  name = next((str(n) for n in names if n), "")
+  return re.sub(r"/[^/]*\.orbax-checkpoint-tmp.*$", "", name)
+
+
 def user_error(e: BaseException) -> str | None:
   """The one-line message for an error the user can fix from the command line; None otherwise."""
-  from smjax.checkpoint import ConfigMismatchError  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint import (  # pylint: disable=import-outside-toplevel
+      ConfigMismatchError, CorruptCheckpointError)
   if isinstance(e, flags.Error):
     msg = str(e)
     last = msg.strip().splitlines()[-1]  # config-file errors end with the traceback's last line
@@ -90,9 +180,14 @@ def user_error(e: BaseException) -> str | None:
       msg += (f"; delete {os.path.dirname(m.group(1))} to rerun that phase, or use a fresh "
               "--workdir")
     return msg
-  if isinstance(e, OSError) and e.errno == errno.ENOSPC:
-    return f"disk full (no space left on device) writing {e.filename or 'the workdir'}: free " \
-           "space or give a --workdir on another disk"
+  full = disk_full_path(e)
+  if full is not None:
+    return f"disk full (no space left on device) writing {full or 'the workdir'}: free space " \
+           "or give a --workdir on another disk"
+  if isinstance(e, CorruptCheckpointError):
+    return _one_line(e)
+  if isinstance(e, OSError) and e.errno == errno.EROFS:
+    return f"read-only file system: {e.filename or e}: give a writable --workdir"
   if isinstance(e, PermissionError):
     return f"permission denied: {e.filename or e}: give a writable --workdir"
   if isinstance(e, OSError):
@@ -140,7 +235,12 @@ def _fail(e: BaseException, debug: bool) -> None:
   if msg is None:
     raise e
   print(f"smjax: error: {msg}", file=sys.stderr)
-  sys.exit(2)
+  # Exit now: the interpreter's exit handlers (TensorBoard's writer flushing onto a full disk,
+  # its thread) would print tracebacks after the one line. Everything of ours is closed by now.
+  sys.stdout.flush()
+  sys.stderr.flush()
+  logging.shutdown()
+  os._exit(2)
 
 
 def run(argv: list[str] | None = None):

@@ -307,6 +307,32 @@ def test_rollout_vs_hf_toy_writes_consistent_json(tmp_path):
   assert "| toy (0.1M) | sample |" in render.bench_markdown(res)
 
 
+def test_rollout_vs_hf_tunix_columns_and_refusal(tmp_path):
+  """With Tunix figures the table gains Tunix's tok/s, smjax / Tunix and Tunix's floor share; when
+  Tunix's venv cannot be made, the benchmark exits non-zero before measuring anything."""
+  e = dict(smjax_tokens_per_s=2000.0, hf_tokens_per_s=500.0, speedup=4.0,
+           smjax_floor_fraction=0.4, hf_floor_fraction=0.1, tunix_s=0.5,
+           tunix_tokens_per_s=800.0, speedup_vs_tunix=2.5, tunix_floor_fraction=0.16)
+  res = dict(benchmark="rollout_vs_hf", command="python benchmarks/rollout_vs_hf.py --tunix",
+             cpu="cpu", threads=2, jax="0", date="d", matmul_flops_per_s=1e11,
+             config=dict(prompts=16, samples=4, new_tokens=64, prompt_len=[16, 32]),
+             sizes={"mid": dict(params=12.6e6, rows=64, modes={"sample": e})})
+  md = render.bench_markdown(res)
+  assert "| Tunix tok/s | smjax / Tunix | Tunix, of floor |" in md
+  assert ("| mid (12.6M) | sample | 2,000 | 500 | **4.00x** | 40 % | 10 % | 800 | **2.50x** | "
+          "16 % |") in md
+  header, rule = [line for line in md.splitlines() if line.startswith("|")][:2]
+  assert header.count("|") == rule.count("|")
+  blocker = tmp_path / "not_a_dir"
+  blocker.write_text("")
+  out = tmp_path / "r.json"
+  proc = subprocess.run([sys.executable, os.path.join(BENCH, "rollout_vs_hf.py"), "--tunix",
+                         "--envs-dir", str(blocker), "--out", str(out)],
+                        capture_output=True, text=True, check=False, timeout=300)
+  assert proc.returncode != 0 and "Tunix could not be installed" in proc.stderr, proc.stderr[-2000:]
+  assert not out.exists()
+
+
 def test_decode_profile_interval_merge_and_scopes():
   dp = _load("decode_profile")
   assert dp.merged_ns([(0, 10), (5, 12), (20, 25), (24, 30)]) == 22  # hand-computed

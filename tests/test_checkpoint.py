@@ -128,6 +128,25 @@ def test_async_save_does_not_read_donated_or_deleted_buffers(tmp_path):
     _assert_bitwise(ckpt.restore(2, new).state, new_host)
 
 
+def test_an_error_inside_the_manager_finishes_its_async_save_first(tmp_path):
+  """A phase that fails right after an async save (the RL/SFT phases hold their Checkpointer in a
+  `with`): the original error propagates, and by then the save is on disk, complete (no orbax tmp
+  folder left behind) and restorable."""
+  state = _toy_state(2)
+  want = _host(state)
+  with pytest.raises(RuntimeError, match="the phase failed"):
+    with Checkpointer(str(tmp_path), async_save=True) as ckpt:
+      ckpt.save(3, state)
+      raise RuntimeError("the phase failed")
+  names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  assert names == ["3"], names
+  assert (tmp_path / "checkpoints" / "3" / "commit_success.txt").exists() or \
+      (tmp_path / "checkpoints" / "3" / "_CHECKPOINT_METADATA").exists()
+  with Checkpointer(str(tmp_path), async_save=False) as again:
+    assert again.all_steps() == [3]
+    _assert_bitwise(again.restore(3, state).state, want)
+
+
 def test_keeps_last_n_and_best(tmp_path):
   state = {"w": jnp.ones((8, 8))}
   metrics = {1: 0.1, 2: 0.7, 3: 0.3, 4: None, 5: 0.2, 6: 0.4, 7: None}

@@ -4,6 +4,7 @@ SIGTERM seconds into its base phase (exit 0, checkpoint saved)."""
 
 import logging
 import os
+import shlex
 import subprocess
 import sys
 
@@ -22,7 +23,13 @@ def _cli(*args, workdir):
 @pytest.mark.parametrize("arg, names", [("--config.heldout_size=0", "heldout_size"),
                                         ("--config.nope=1", "nope"),
                                         ("--config.rl.nope=1", "rl.nope"),
-                                        ("--config.domains=('math','nodomain')", "nodomain")])
+                                        ("--config.domains=('math','nodomain')", "nodomain"),
+                                        ("--config.log_every=0", "config.log_every"),
+                                        ("--config.eval.batch_size=0", "config.eval.batch_size"),
+                                        ("--config.rl.advantage_mode=bogus",
+                                         "config.rl.advantage_mode"),
+                                        ("--config.rl.micro_batches=7",
+                                         "config.rl.micro_batches=7 must divide")])
 def test_user_error_is_one_line(tmp_path, arg, names):
   p = _cli(arg, workdir=tmp_path / "w")
   lines = p.stderr.strip().splitlines()
@@ -125,3 +132,93 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
   assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-2000:]
   saved = [p for p in ckpts.rglob("*") if p.is_dir() and p.name.isdigit()]
   assert saved and not list(ckpts.rglob("*.orbax-checkpoint-tmp*")), list(ckpts.rglob("*"))
+
+
+# A base phase of a few steps on a small held-out set: seconds, and it writes checkpoints.
+_QUICK_BASE = ("--config.phases=('base',)", "--config.base.steps=5", "--config.band.check=False",
+               "--config.heldout_size=16", "--config.eval.samples=1", "--config.progress=False")
+
+
+def _one_error_line(p, *parts):
+  lines = p.stderr.strip().splitlines()
+  assert p.returncode == 2, p.stdout[-2000:] + p.stderr[-3000:]
+  assert len(lines) == 1 and lines[0].startswith("smjax: error: "), p.stderr[-3000:]
+  for part in parts:
+    assert part in lines[0], (part, lines[0])
+  return lines[0]
+
+
+def test_unreadable_parameters_of_a_finished_phase_are_one_line_and_left_in_place(tmp_path):
+  """A finished base whose saved parameters were damaged (truncated array files): the rerun
+  refuses in one line naming the phase directory and what to delete; nothing is moved aside.
+  Before that, a garbled result.json and a garbled config.json in the same workdir: one line each
+  naming the file and what to delete."""
+  wd = tmp_path / "w"
+  p = _cli(*_QUICK_BASE, workdir=wd)
+  assert p.returncode == 0, p.stderr[-3000:]
+  for name, fix in ((wd / "seed_0" / "base" / "result.json",
+                     f"delete {wd / 'seed_0' / 'base'} to rerun phase 'base'"),
+                    (wd / "config.json", "delete the workdir or use a fresh --workdir")):
+    good = name.read_bytes()
+    name.write_bytes(b'\xff{"truncated": ')
+    _one_error_line(_cli(*_QUICK_BASE, workdir=wd), f"{name}: not UTF-8", fix)
+    name.write_bytes(good)
+  final = wd / "seed_0" / "base" / "final"
+  data = [f for f in final.rglob("*") if f.is_file() and f.parent.name == "d"]
+  assert data, sorted(final.rglob("*"))
+  for f in data:
+    f.write_bytes(f.read_bytes()[:7])
+  before = sorted(str(f.relative_to(wd)) for f in wd.rglob("*") if f.name != "smjax.log")
+  p = _cli(*_QUICK_BASE, workdir=wd)
+  _one_error_line(p, "phase 'base' finished", "final parameters are unreadable", str(final),
+                  f"delete {wd / 'seed_0' / 'base'} to rerun phase 'base'")
+  assert "Traceback" not in p.stderr
+  assert sorted(str(f.relative_to(wd)) for f in wd.rglob("*") if f.name != "smjax.log") == before
+
+
+def _private_mounts() -> list[str]:
+  """The command that runs a shell script in a private mount namespace (root: unshare -m; else a
+  user namespace too), or [] where this system allows neither."""
+  cmd = ["unshare", "-m"] if os.geteuid() == 0 else ["unshare", "-rm"]
+  try:
+    probe = subprocess.run(cmd + ["sh", "-c", "mount -t tmpfs tmpfs /mnt 2>/dev/null || "
+                                  "mount -t tmpfs tmpfs /tmp"], capture_output=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return []
+  return cmd if probe.returncode == 0 else []
+
+
+def _cli_in_namespace(tmp_path, setup: str, *args, workdir: str):
+  """The CLI run after `setup` (shell, run as root of a private mount namespace, with $M a fresh
+  mount point under tmp_path) in that namespace."""
+  ns = _private_mounts()
+  if not ns:
+    pytest.skip("no private mount namespace here (unshare): cannot make a full or read-only disk")
+  m = tmp_path / "m"
+  m.mkdir(parents=True)
+  cli = shlex.join([sys.executable, "-m", "smjax.main",
+                    "--config=configs/study.py:two_domain,demo", f"--workdir={workdir}", *args])
+  script = f"set -e; M={m}; {setup}; set +e; {cli}; rc=$?; exit $rc"
+  return subprocess.run(ns + ["sh", "-c", script], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=300)
+
+
+def test_full_disk_is_one_line_naming_where_it_was_writing(tmp_path):
+  """A workdir on a 600 kB filesystem: the base's first checkpoint fills it. One line saying the
+  disk is full and where, after orbax's background threads and TensorBoard's writer have all
+  failed on it (their tracebacks go to the log file, which stops once it cannot be written)."""
+  p = _cli_in_namespace(tmp_path, "mount -t tmpfs -o size=600k tmpfs $M", *_QUICK_BASE,
+                        workdir=f"{tmp_path}/m/w")
+  _one_error_line(p, "disk full (no space left on device) writing "
+                  f"{tmp_path}/m/w/seed_0/base/checkpoints", "give a --workdir on another disk")
+  assert "Traceback" not in p.stderr
+
+
+def test_read_only_workdir_is_one_line(tmp_path):
+  """An existing workdir, and a new one, on a read-only filesystem (as root too)."""
+  setup = "mount -t tmpfs tmpfs $M; mkdir $M/w; mount -o remount,ro,bind $M"
+  for wd in ("w", "new"):
+    p = _cli_in_namespace(tmp_path / wd, setup, *_QUICK_BASE, workdir=f"{tmp_path / wd}/m/{wd}")
+    _one_error_line(p, "read-only file system: ", f"{tmp_path / wd}/m/{wd}",
+                    "give a writable --workdir")
+    assert "Traceback" not in p.stderr

@@ -65,14 +65,23 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
         f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
         "studies. Differing fields (finished -> now):\n  " + "\n  ".join(diff) +
         "\nUse a fresh --workdir, or delete that phase directory to rerun it.")
-  mgr = ckpt_lib.Checkpointer(os.path.join(phase_dir(workdir, phase), "final"), max_to_keep=1,
-                              keep_best=False, async_save=False)
-  restored = mgr.restore_latest({"params": template_params})
-  mgr.close()
-  if restored is None:
-    raise RuntimeError(f"{path} says phase {phase!r} finished, but its final parameters under "
-                       f"{phase_dir(workdir, phase)}/final could not be restored; delete the "
-                       "phase directory to rerun it")
+  final = os.path.join(phase_dir(workdir, phase), "final")
+  fix = f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}"
+  mgr = ckpt_lib.Checkpointer(final, max_to_keep=1, keep_best=False, async_save=False)
+  try:
+    step = mgr.latest_step()
+    if step is None:
+      raise ckpt_lib.CorruptCheckpointError(
+          f"{path} says phase {phase!r} finished, but {final} holds no saved parameters; {fix}")
+    # Not restore_latest: a finished phase's parameters are not moved aside and replaced by an
+    # earlier step; unreadable, they are reported and the workdir is left as it is.
+    restored = mgr.restore(step, {"params": template_params})
+  except ckpt_lib.CorruptCheckpointError as e:
+    detail = str(e).split("; delete that step directory")[0]
+    raise ckpt_lib.CorruptCheckpointError(f"phase {phase!r} finished ({path}), but its final "
+                                          f"parameters are unreadable: {detail}; {fix}") from None
+  finally:
+    mgr.close()
   log.info("phase %s already finished: loaded %s", phase, path)
   return PhaseOutput(restored.state["params"], FlopLedger.from_dict(res["ledger"]), res["curve"],
                      res.get("extra", {}))
