@@ -191,6 +191,18 @@ def _run(cmd: list[str], what: str) -> None:
     raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{tail}")
 
 
+def read_spec(description: str) -> tuple[dict, str]:
+  """A peer script's command line (`--spec s.json --out r.json`, as run_peer passes it): the spec
+  and the path its result goes to."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--spec", required=True)
+  ap.add_argument("--out", required=True)
+  cli = ap.parse_args()
+  with open(cli.spec) as f:
+    return json.load(f), cli.out
+
+
 def run_peer(python: str, script: str, spec: dict, work_dir: str, *, timeout_s: float,
              extra_env: dict | None = None, log=print) -> dict:
   """Runs `python script --spec spec.json --out result.json` (inheriting this process's CPU

@@ -21,7 +21,6 @@ AdamW (0.9, 0.999, 1e-8, no decay), constant learning rate, one optimizer step p
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -114,12 +113,7 @@ def fixed_batch_inputs(batch_npz: str) -> dict:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--spec", required=True)
-  ap.add_argument("--out", required=True)
-  cli = ap.parse_args()
-  with open(cli.spec) as f:
-    spec = json.load(f)
+  spec, out_path = common.read_spec(__doc__.split("\n\n")[0])
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   import trl  # pylint: disable=import-outside-toplevel
@@ -146,7 +140,7 @@ def main():
                                what="GRPOTrainer.train() optimizer step: transformers.generate "
                                     "(G samples, min_new_tokens = max) + reward + advantages + "
                                     "the update; on_step_begin..on_step_end")
-  with open(cli.out, "w") as f:
+  with open(out_path, "w") as f:
     json.dump(result, f, indent=2)
 
 

@@ -20,7 +20,6 @@ What is timed:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -169,12 +168,7 @@ def iteration_bench(spec: dict, log_dir: str) -> dict:
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--spec", required=True)
-  ap.add_argument("--out", required=True)
-  cli = ap.parse_args()
-  with open(cli.spec) as f:
-    spec = json.load(f)
+  spec, out_path = common.read_spec(__doc__.split("\n\n")[0])
   import flax  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from importlib import metadata  # pylint: disable=import-outside-toplevel
@@ -186,7 +180,7 @@ def main():
       result["step"] = step_bench(spec, os.path.join(log_dir, "step"))
     if "iteration" in spec["modes"]:
       result["iteration"] = iteration_bench(spec, os.path.join(log_dir, "iteration"))
-  with open(cli.out, "w") as f:
+  with open(out_path, "w") as f:
     json.dump(result, f, indent=2)
 
 

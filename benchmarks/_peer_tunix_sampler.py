@@ -18,7 +18,6 @@ top_p None Tunix decodes greedily), "greedy" is temperature 0. What is timed: on
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -30,12 +29,7 @@ from _peer_tunix import WordTokenizer
 
 
 def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--spec", required=True)
-  ap.add_argument("--out", required=True)
-  cli = ap.parse_args()
-  with open(cli.spec) as f:
-    spec = json.load(f)
+  spec, out_path = common.read_spec(__doc__.split("\n\n")[0])
   from importlib import metadata  # pylint: disable=import-outside-toplevel
 
   import jax  # pylint: disable=import-outside-toplevel
@@ -73,9 +67,9 @@ def main():
         return out
 
       t0 = time.perf_counter()
-      out = run()
+      first_out = run()
       first = time.perf_counter() - t0
-      lengths = sorted({len(np.asarray(t)) for t in out.tokens})
+      lengths = sorted({len(np.asarray(t)) for t in first_out.tokens})
       if lengths != [T]:
         raise RuntimeError(f"Tunix sampler returned completions of lengths {lengths}, "
                            f"expected {T} each (EOS is an id the model cannot emit)")
@@ -84,7 +78,7 @@ def main():
                                    what="Sampler.__call__: tokenise, prefill, decode loop, "
                                         "detokenise; " + ", ".join(f"{k}={v}"
                                                                    for k, v in kw.items()))
-  with open(cli.out, "w") as f:
+  with open(out_path, "w") as f:
     json.dump(result, f, indent=2)
 
 
