@@ -68,11 +68,12 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
   final = os.path.join(phase_dir(workdir, phase), "final")
   fix = f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}"
   mgr = ckpt_lib.Checkpointer(final, max_to_keep=1, keep_best=False, async_save=False)
+  step = mgr.latest_step()
+  if step is None:
+    mgr.close()
+    raise ckpt_lib.CorruptCheckpointError(
+        f"{path} says phase {phase!r} finished, but {final} holds no saved parameters; {fix}")
   try:
-    step = mgr.latest_step()
-    if step is None:
-      raise ckpt_lib.CorruptCheckpointError(
-          f"{path} says phase {phase!r} finished, but {final} holds no saved parameters; {fix}")
     # Not restore_latest: a finished phase's parameters are not moved aside and replaced by an
     # earlier step; unreadable, they are reported and the workdir is left as it is.
     restored = mgr.restore(step, {"params": template_params})
