@@ -11,8 +11,9 @@ experts, MOPD: claims (a), (b)), as `demo` always runs; `short`: the short-answe
 alone, the previous default) instead of the chain form.
 
 Expected result: docs/study.md (the demo's table and verdicts, generated from
-docs/demo_report.json). `full` has not been run in the chain regime yet, and `four_domain` is not
-calibrated for it: its base misses the band on logic and strings (docs/calibration.md).
+docs/demo_report.json); `two_domain,full`: docs/study.md#the-full-studies (generated from
+docs/study_two_full_report.json). `four_domain` is not calibrated for the chain regime: its base
+misses the band on logic and strings (docs/calibration.md).
 """
 
 from smjax.study.config import parse_arg, study_defaults
