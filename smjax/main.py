@@ -166,6 +166,7 @@ def user_error(e: BaseException) -> str | None:
   """The one-line message for an error the user can fix from the command line; None otherwise."""
   from smjax.checkpoint import (  # pylint: disable=import-outside-toplevel
       ConfigMismatchError, CorruptCheckpointError)
+  from smjax.train.guards import CollapseError  # pylint: disable=import-outside-toplevel
   if isinstance(e, flags.Error):
     msg = str(e)
     last = msg.strip().splitlines()[-1]  # config-file errors end with the traceback's last line
@@ -184,8 +185,8 @@ def user_error(e: BaseException) -> str | None:
   if full is not None:
     return f"disk full (no space left on device) writing {full or 'the workdir'}: free space " \
            "or give a --workdir on another disk"
-  if isinstance(e, CorruptCheckpointError):
-    return _one_line(e)
+  if isinstance(e, (CorruptCheckpointError, CollapseError, FloatingPointError)):
+    return _one_line(e)   # a run's guards (smjax.train.guards) name the phase, step and fix
   if isinstance(e, OSError) and e.errno == errno.EROFS:
     return f"read-only file system: {e.filename or e}: give a writable --workdir"
   if isinstance(e, PermissionError):

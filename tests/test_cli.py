@@ -176,6 +176,20 @@ def test_unreadable_parameters_of_a_finished_phase_are_one_line_and_left_in_plac
   assert sorted(str(f.relative_to(wd)) for f in wd.rglob("*") if f.name != "smjax.log") == before
 
 
+def test_a_collapsed_policy_is_one_line_naming_phase_step_and_fix(tmp_path):
+  """A 5-step base scores nothing, so GRPO gets no reward and no gradient: the collapse guard
+  stops the phase after `collapse_window` steps, and the command line says so in one line (the
+  guard's message: phase, step, likely cause, the flags), exit 2, after the band's warning."""
+  p = _cli(*_QUICK_BASE, "--config.phases=('base', 'joint')", "--config.collapse_window=5",
+           workdir=tmp_path / "w")
+  assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  errors = [ln for ln in p.stderr.splitlines() if ln.startswith("smjax: error: ")]
+  assert len(errors) == 1 and p.stderr.strip().splitlines()[-1] == errors[0], p.stderr[-3000:]
+  for part in ("joint_grpo: the policy collapsed at step ", "config.rl.learning_rate",
+               "--config.collapse_window=0"):
+    assert part in errors[0], (part, errors[0])
+
+
 def _private_mounts() -> list[str]:
   """The command that runs a shell script in a private mount namespace (root: unshare -m; else a
   user namespace too), or [] where this system allows neither."""
