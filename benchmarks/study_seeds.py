@@ -3,6 +3,13 @@ each as its own process into its own workdir, and the per-seed verdicts written 
 
   .venv/bin/python benchmarks/study_seeds.py                   # seeds 0-4 -> docs/study_seeds.json
   .venv/bin/python benchmarks/study_seeds.py --seeds 0 --workdir /tmp/seeds --out /tmp/s.json
+  .venv/bin/python benchmarks/study_seeds.py --base-only --jobs 2 \
+      --config configs/study.py:four_domain,full --workdir runs/four_band --out docs/four_domain_band.json
+
+Other `--config.<field>=<value>` arguments go to every seed's run. `--base-only` runs the base
+phase alone (band.check off, so that a miss is recorded, not fatal)
+and records per seed its band measurement and what it misses of the config's band: is the
+base recipe calibrated on every seed? `--jobs N` runs N seeds at once.
 
 For each seed: the base's sampled accuracy and band measurement, each trained arm's final
 accuracy per domain with its 95% interval (bootstrap over held-out prompts), whether joint GRPO
@@ -22,6 +29,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from smjax.study.run import band_problems  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def gain_interval(report: dict, arm: str, domain: str, seed_dir: str) -> dict:
@@ -41,6 +50,15 @@ def gain_interval(report: dict, arm: str, domain: str, seed_dir: str) -> dict:
           "learns": bool(lo > 0)}
 
 
+def _wait_any(procs: dict) -> int:
+  """The key of the first of `procs` (key -> Popen) to exit."""
+  while True:
+    for key, proc in procs.items():
+      if proc.poll() is not None:
+        return key
+    time.sleep(1.0)
+
+
 def _cpu() -> str:
   try:
     with open("/proc/cpuinfo") as f:
@@ -55,28 +73,55 @@ def main() -> int:
   ap.add_argument("--config", default="configs/study.py:two_domain,demo")
   ap.add_argument("--workdir", default="runs/study_seeds")
   ap.add_argument("--out", default="docs/study_seeds.json")
-  args = ap.parse_args()
+  ap.add_argument("--base-only", action="store_true",
+                  help="run the base phase alone and record its band measurement per seed")
+  ap.add_argument("--jobs", type=int, default=1, help="seeds run at once (processes)")
+  args, overrides = ap.parse_known_args()
+  if args.jobs < 1:
+    ap.error(f"--jobs={args.jobs} must be >= 1")
+  for o in overrides:
+    if not o.startswith("--config."):
+      ap.error(f"unrecognized argument {o!r} (config overrides, --config.<field>=<value>, are "
+               "passed to every seed's run)")
+  extra = ["--config.phases=('base',)", "--config.band.check=False"] if args.base_only else []
+  extra += overrides
+  os.makedirs(args.workdir, exist_ok=True)
+  procs, running = {}, {}
+  for i, seed in enumerate(args.seeds):   # `jobs` at a time, in order; stderr to a file each
+    wd = os.path.join(args.workdir, f"seed{seed}")
+    err_path = f"{wd}.stderr"
+    with open(err_path, "w") as err_file:
+      running[seed] = (wd, err_path, time.perf_counter(), subprocess.Popen(
+          [sys.executable, "-m", "smjax.main", f"--config={args.config}",
+           f"--config.seeds=({seed},)", "--config.progress=False", *extra, f"--workdir={wd}"],
+          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file))
+    while len(running) >= args.jobs or (i == len(args.seeds) - 1 and running):
+      done = _wait_any({s: r[3] for s, r in running.items()})
+      wd_done, err_done, t0, proc = running.pop(done)
+      with open(err_done) as f:
+        procs[done] = (wd_done, time.perf_counter() - t0, proc.returncode, f.read())
   rows = []
   for seed in args.seeds:
-    wd = os.path.join(args.workdir, f"seed{seed}")
-    t0 = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "smjax.main", f"--config={args.config}",
-         f"--config.seeds=({seed},)", "--config.progress=False", f"--workdir={wd}"],
-        cwd=ROOT, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - t0
-    if proc.returncode:
-      rows.append({"seed": seed, "error": proc.stderr.strip().splitlines()[-1:],
-                   "wall_s": wall})
-      print(f"seed {seed}: failed: {proc.stderr.strip().splitlines()[-1:]}")
+    wd, wall, rc, err = procs[seed]
+    if rc:
+      rows.append({"seed": seed, "error": err.strip().splitlines()[-1:], "wall_s": wall})
+      print(f"seed {seed}: failed: {err.strip().splitlines()[-1:]}")
+      continue
+    seed_dir = os.path.join(wd, f"seed_{seed}")
+    band = json.load(open(os.path.join(seed_dir, "base", "result.json")))["extra"]["band"]
+    if args.base_only:
+      band_cfg = json.load(open(os.path.join(wd, "config.json")))["band"]
+      misses = band_problems(band, band_cfg)
+      rows.append({"seed": seed, "wall_s": round(wall, 1), "band": band, "band_config": band_cfg,
+                   "misses": misses})
+      print(f"seed {seed}: {wall:.0f} s, band {band['accuracy']}, "
+            f"{'in the band' if not misses else 'misses: ' + '; '.join(misses)}")
       continue
     report = json.load(open(os.path.join(wd, "report", "report.json")))
-    seed_dir = os.path.join(wd, f"seed_{seed}")
     domains = list(report["arms"]["base"]["accuracy"])
     row = {"seed": seed, "wall_s": round(wall, 1), "verdicts": report["verdicts"],
            "base": {d: report["arms"]["base"]["accuracy"][d]["mean"] for d in domains},
-           "band": json.load(open(os.path.join(seed_dir, "base", "result.json")))["extra"]["band"],
-           "arms": {}}
+           "band": band, "arms": {}}
     for arm, a in report["arms"].items():
       if arm == "base" or a["group"] != "main":
         continue
@@ -89,7 +134,7 @@ def main() -> int:
               for arm, v in row["arms"].items()}
     print(f"seed {seed}: {wall:.0f} s, base {row['base']}, learns beyond the interval: {learns}")
   out = {"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-         "config": args.config, "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
+         "config": args.config, "base_only": args.base_only, "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
          "date": time.strftime("%Y-%m-%d"), "seeds": rows}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:

@@ -343,3 +343,35 @@ def test_decode_profile_interval_merge_and_scopes():
   assert scopes == {"dot.3": "jit(f)/while/body/Transformer/layers_0/mlp/dot_general"}
   part = next(name for name, test in dp.PARTS if test(scopes["dot.3"]))
   assert part.startswith("MLP")
+
+
+def test_study_seeds_base_only_records_each_seeds_band_and_misses(tmp_path):
+  """Two seeds' bases, at once: each row holds its band measurement and what it misses of the
+  config's band (recomputed here from the measurement), and the docs renderer's table says so."""
+  out = tmp_path / "band.json"
+  p = subprocess.run(
+      [sys.executable, os.path.join(BENCH, "study_seeds.py"), "--base-only", "--jobs", "2",
+       "--seeds", "0", "1", "--config", "configs/study.py:two_domain,demo",
+       f"--workdir={tmp_path / 'w'}", f"--out={out}", "--config.base.steps=3",
+       "--config.domains=('math',)", "--config.heldout_size=8", "--config.eval.batch_size=8",
+       "--config.eval.samples=1", "--config.eval.greedy=False", "--config.band.low=0.5"],
+      cwd=os.path.dirname(BENCH), capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  data = json.loads(out.read_text())
+  assert data["base_only"] and [r["seed"] for r in data["seeds"]] == [0, 1]
+  for r in data["seeds"]:
+    band = r["band"]
+    assert band["samples"] == 8 and set(band["accuracy"]) == {"math"}
+    assert r["band_config"]["low"] == 0.5
+    want = [d for d, a in band["accuracy"].items() if not 0.5 <= a <= r["band_config"]["high"]]
+    assert want and all(any(m.startswith(f"{d} accuracy ") for m in r["misses"]) for d in want)
+    assert not (tmp_path / "w" / f"seed{r['seed']}" / f"seed_{1 - r['seed']}").exists()
+  table = render.seeds_markdown(data)
+  assert "| seed | sampled accuracy | pass@8 | band |" in table and "accuracy in [50%, 50%]" in table
+  assert table.count("math accuracy ") == 2 and "is outside [50%, 50%]" in table
+
+
+def test_study_seeds_refuses_an_unknown_argument():
+  p = subprocess.run([sys.executable, os.path.join(BENCH, "study_seeds.py"), "--bogus=1"],
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2 and "unrecognized argument '--bogus=1'" in p.stderr, p.stderr

@@ -5,6 +5,7 @@ SIGTERM seconds into its base phase (exit 0, checkpoint saved)."""
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, SMJAX_CPU_MALLOC="glibc", JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compilation_cache(tmp_path_factory):
+  """The runs of this module share one persistent compilation cache: most of them compile the
+  same small study's programs (XLA_FLAGS: the suite's, conftest.py)."""
+  ENV.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
 
 def _cli(*args, workdir):
@@ -148,14 +158,23 @@ def _one_error_line(p, *parts):
   return lines[0]
 
 
-def test_unreadable_parameters_of_a_finished_phase_are_one_line_and_left_in_place(tmp_path):
+@pytest.fixture(scope="module")
+def quick_base(tmp_path_factory):
+  """A workdir whose base phase (_QUICK_BASE) has finished; tests work on copies of it."""
+  wd = tmp_path_factory.mktemp("quick_base") / "w"
+  p = _cli(*_QUICK_BASE, workdir=wd)
+  assert p.returncode == 0, p.stderr[-3000:]
+  return wd
+
+
+def test_unreadable_parameters_of_a_finished_phase_are_one_line_and_left_in_place(tmp_path,
+                                                                                  quick_base):
   """A finished base whose saved parameters were damaged (truncated array files): the rerun
   refuses in one line naming the phase directory and what to delete; nothing is moved aside.
   Before that, a garbled result.json and a garbled config.json in the same workdir: one line each
   naming the file and what to delete."""
   wd = tmp_path / "w"
-  p = _cli(*_QUICK_BASE, workdir=wd)
-  assert p.returncode == 0, p.stderr[-3000:]
+  shutil.copytree(quick_base, wd)
   for name, fix in ((wd / "seed_0" / "base" / "result.json",
                      f"delete {wd / 'seed_0' / 'base'} to rerun phase 'base'"),
                     (wd / "config.json", "delete the workdir or use a fresh --workdir")):
@@ -176,13 +195,16 @@ def test_unreadable_parameters_of_a_finished_phase_are_one_line_and_left_in_plac
   assert sorted(str(f.relative_to(wd)) for f in wd.rglob("*") if f.name != "smjax.log") == before
 
 
-def test_a_collapsed_policy_is_one_line_naming_phase_step_and_fix(tmp_path):
+def test_a_collapsed_policy_is_one_line_naming_phase_step_and_fix(tmp_path, quick_base):
   """A 5-step base scores nothing, so GRPO gets no reward and no gradient: the collapse guard
   stops the phase after `collapse_window` steps, and the command line says so in one line (the
   guard's message: phase, step, likely cause, the flags), exit 2, after the band's warning."""
+  shutil.copytree(quick_base, tmp_path / "w")   # the finished base is reused
   p = _cli(*_QUICK_BASE, "--config.phases=('base', 'joint')", "--config.collapse_window=5",
            workdir=tmp_path / "w")
   assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert "phase base: finished before, reused" not in p.stderr  # INFO: to the log file only
+  assert "phase base: finished before, reused" in (tmp_path / "w" / "smjax.log").read_text()
   errors = [ln for ln in p.stderr.splitlines() if ln.startswith("smjax: error: ")]
   assert len(errors) == 1 and p.stderr.strip().splitlines()[-1] == errors[0], p.stderr[-3000:]
   for part in ("joint_grpo: the policy collapsed at step ", "config.rl.learning_rate",

@@ -5,6 +5,7 @@ mixture rate, disjoint splits, errors; the short form unchanged."""
 
 import collections
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -67,9 +68,19 @@ def ref_code_chain(x, y, width=3):
   return "".join(parts) + f"#x+{y - x}", borrows
 
 
-def ref_logic_chain(order):
-  parts = [f"{order[i - 1]}<{order[i]}:{order[:i + 1]};" for i in range(1, len(order))]
-  return "".join(parts) + f"#{order}", len(order) - 1
+def ref_logic_chain(prompt):
+  """Links in listed order, each restated "lo<hi:", then the piece of the order it completes:
+  kept here as a map item -> piece (a string), rebuilt from the two pieces it touches."""
+  piece, parts = {}, []
+  links = prompt[:-1].split(",")
+  for link in links:
+    lo, hi = (link[0], link[2]) if link[1] == "<" else (link[2], link[0])
+    made = piece.get(lo, lo) + piece.get(hi, hi)
+    for ch in made:
+      piece[ch] = made
+    parts.append(f"{lo}<{hi}:{made};")
+  order = piece[links[0][0]]
+  return "".join(parts) + f"#{order}", len(links)
 
 
 def ref_strings_chain(word):
@@ -105,7 +116,8 @@ def chain_truth(name, prompt):
     pos = {ch: i for i, ch in enumerate(order)}
     template = ("".join(str(min(pos[l[0]], pos[l[2]])) for l in links) + "|"
                 + "".join("1" if l[1] == ">" else "0" for l in links))
-    chain, sites = ref_logic_chain(order)
+    chain, sites = ref_logic_chain(prompt)
+    assert chain.endswith("#" + order)  # the pieces end as the order logic_truth derives
     return chain, sites, order, held, template
   word = re.fullmatch(r"count:([a-z]+)=", prompt).group(1)
   answer, held = strings_truth(prompt)
@@ -155,14 +167,34 @@ def test_chain_gold_solutions_match_independent_chains(name, d, pool):
 
 @pytest.mark.parametrize("name,d", CHAIN_CASES)
 def test_chain_length_before_answer(name, d):
-  """The chain before '#' is 10 chars per math column, 10 per code column (3 columns), i + 6 per
-  logic link i, 3 per strings letter: >= 24 chars at difficulty >= 1 (difficulty 0: math 20,
-  strings 18, below the ~24 of smjax.domains.chains' docstring)."""
-  want = {"math": 10 * (d + 2), "code": 30, "logic": sum(i + 6 for i in range(1, d + 4)),
-          "strings": 3 * (6, 8, 9)[d]}[name]
-  for e in _chain_dom(name, d).generate("train", 200, 1) + _chain_dom(name, d).generate(
-      "test", 200, 1):
-    assert len(e.solution.split("#")[0]) == want
+  """The chain before '#' is 10 chars per math column, 10 per code column (3 columns), 3 per
+  strings letter, and per logic link 5 plus the piece it makes (2 to n items, n = d + 4):
+  >= 24 chars at difficulty >= 1 (difficulty 0: math 20, strings 18, logic 23 or more, below
+  the ~24 of smjax.domains.chains' docstring)."""
+  exs = _chain_dom(name, d).generate("train", 200, 1) + _chain_dom(name, d).generate(
+      "test", 200, 1)
+  lengths = {len(e.solution.split("#")[0]) for e in exs}
+  if name == "logic":
+    n = d + 4
+    assert all(len(ref_logic_chain(e.prompt)[0].split("#")[0]) == len(e.solution.split("#")[0])
+               for e in exs)
+    # Over every order of listing the links i (joining items i and i + 1) of a chain of n: each
+    # piece is the run of items its links so far connect.
+    made = []
+    for order in itertools.permutations(range(n - 1)):
+      done, size = set(), 0
+      for i in order:
+        done.add(i)
+        lo = next(j for j in range(i, -2, -1) if j not in done)   # link left of the run
+        hi = next(j for j in range(i, n) if j not in done)        # link right of the run
+        size += hi - lo
+      made.append(5 * (n - 1) + size)
+    assert min(made) <= min(lengths) and max(lengths) <= max(made)
+    assert len(lengths) > 1   # the length depends on the order the links are listed in
+    want = min(lengths)
+  else:
+    want = {"math": 10 * (d + 2), "code": 30, "strings": 3 * (6, 8, 9)[d]}[name]
+    assert lengths == {want}
   if d >= 1:
     assert want >= 24
 
@@ -190,7 +222,9 @@ def _hand_examples():
       ("code", ex("code", "f(099)=100;f(x)=", {"inputs": [99, 0], "outputs": [100, 1]}),
        "0-9-0=1,1;0-9-1=0,1;1-0-1=0,0;#x+1", "0-9-0=1,1;0-9-0=1,1;1-0-0=1,0;#x+111", 2),
       ("logic", ex("logic", "q<m,t>m,z>t:", "qmtz"),
-       "q<m:qm;m<t:qmt;t<z:qmtz;#qmtz", "m<q:mq;t<q:mtq;z<q:mtzq;#mtzq", 3),
+       "q<m:qm;m<t:qmt;t<z:qmtz;#qmtz", "q<m:mq;m<t:tmq;t<z:ztmq;#ztmq", 3),
+      ("logic", ex("logic", "t<z,m>q,t>m:", "qmtz"),   # two pieces, then joined
+       "t<z:tz;q<m:qm;m<t:qmtz;#qmtz", "t<z:zt;q<m:mq;m<t:ztmq;#ztmq", 3),
       ("strings", ex("strings", "count:qbqqebeq=", "b2e2q4", word="qbqqebeq"),
        "q1;b1;q2;q3;e1;b2;e2;q4;#b2e2q4", "q1;b1;q1;q1;e1;b1;e1;q1;#b1e1q1", 5),
   ]

@@ -57,11 +57,13 @@ def test_band_check_off_warns_and_goes_on(caplog):
 @pytest.mark.parametrize("p", [0.25, 0.6])
 def test_flaw_mixture_hits_its_correct_fraction_and_is_stable(p):
   """Of the examples that admit a mistake, a fraction p keeps a correct chain (binomial
-  tolerance, 4 sigma); examples without one are always correct; the same example always gets
-  the same chain (a resumed base sees the same mixture)."""
-  doms = {d: get_domain(d, difficulty=1, form="chain") for d in ("math", "code")}
-  mix = flaw_mixture(doms, p)
+  tolerance, 4 sigma), each domain its own; examples without one are always correct; the same
+  example always gets the same chain (a resumed base sees the same mixture)."""
+  doms = {d: get_domain(d, difficulty=1, form="chain") for d in ("math", "code", "logic")}
+  want = {"math": p, "code": p, "logic": p / 2}
+  mix = flaw_mixture(doms, want)
   for name, dom in doms.items():
+    p = want[name]
     ex = [dom.example("train", i, seed=5) for i in range(1500)]
     mixed = [mix(e) for e in ex]
     assert [mix(e).solution for e in ex[:50]] == [m.solution for m in mixed[:50]]
@@ -71,9 +73,27 @@ def test_flaw_mixture_hits_its_correct_fraction_and_is_stable(p):
     correct = np.mean([m.solution == e.solution for e, m in with_sites])
     n = len(with_sites)
     assert abs(correct - p) < 4 * np.sqrt(p * (1 - p) / n), (name, correct, n)
+    assert name != "logic" or n == len(ex)   # every logic chain has sites
     wrong = [m for e, m in with_sites if m.solution != e.solution][:200]
     if name == "math":
       assert all(dom.verify(m, m.solution) == 0.0 for m in wrong)
+
+
+def test_domain_correct_fraction_overrides_per_domain_and_is_validated():
+  from smjax.study.config import correct_fractions, validate  # pylint: disable=import-outside-toplevel
+  c = study_defaults()
+  c.domains = ("math", "code", "logic")
+  c.base.correct_fraction = 0.1
+  c.base.domain_correct_fraction = " logic=0.5, code=0.25 "
+  assert correct_fractions(c) == {"math": 0.1, "code": 0.25, "logic": 0.5}
+  for bad, says in (("strings=0.5", "'strings' is not one of config.domains"),
+                    ("logic=1.5", "'logic=1.5' must be domain=fraction"),
+                    ("logic", "'logic' must be domain=fraction"),
+                    ("logic=half", "'logic=half' must be domain=fraction")):
+    c.base.domain_correct_fraction = bad
+    with pytest.raises(ValueError, match="config.base.domain_correct_fraction=") as e:
+      validate(c)
+    assert says in str(e.value), str(e.value)
 
 
 def _collapse(window=3):

@@ -8,7 +8,7 @@ the final answer only, as in the paper:
 
   math     "573+089="          "3+9+0=2,1;7+8+1=6,1;5+0+1=6,0;#662"    column addition with carries
   code     "f(023)=058;f(x)="  "8-3-0=5,0;5-2-0=3,0;0-0-0=0,0;#x+35"   c = y - x, column subtraction
-  logic    "q<m,t>m,z>t:"      "q<m:qm;m<t:qmt;t<z:qmtz;#qmtz"         the order built link by link
+  logic    "t<z,m>q,t>m:"      "t<z:tz;q<m:qm;m<t:qmtz;#qmtz"          the order assembled link by link
   strings  "count:qbqqebeq="   "q1;b1;q2;q3;e1;b2;e2;q4;#b2e2q4"       a running tally
 
 Each writer takes an optional `flaw(site) -> bool`, asked at every place (site) where its
@@ -83,20 +83,43 @@ def code_sites(x: int, y: int, width: int) -> int:
   return _count_sites(lambda f: code_chain(x, y, width, f))
 
 
-def logic_chain(order: str, flaw: Flaw = _KEEP) -> tuple[str, str]:
-  """The order built one link at a time: "lo<hi:prefix;", then the order. Sites: every step
-  (flawed: the new item goes before the previous one, and the rest follows that order)."""
-  items, parts = list(order), []
-  for i in range(1, len(items)):
-    if flaw(i - 1):
-      items[i - 1], items[i] = items[i], items[i - 1]
-    parts.append(f"{items[i - 1]}<{items[i]}:{''.join(items[:i + 1])};")
-  answer = "".join(items)
+def logic_chain(links: list[str], flaw: Flaw = _KEEP) -> tuple[str, str]:
+  """The order assembled from the links as they are listed ("a<b" or "b>a"): each step restates
+  its link as "lo<hi:" and writes the fragment of the order it just made, by the first rule that
+  applies: a new fragment "lo hi"; hi after the fragment holding lo; lo before the fragment
+  holding hi; the fragment holding lo joined to the one holding hi. Every step reads its link
+  and the fragments written before it, never the whole prompt (the order's first item, which
+  a chain starting there must find among all the links, is what a small model does not learn).
+  Sites: every step (flawed: the two sides of that step in the wrong order, carried on)."""
+  frags: list[list[str]] = []
+  parts = []
+  for i, (left, op, right) in enumerate(links):
+    lo, hi = (left, right) if op == "<" else (right, left)
+    f_lo = next((f for f in frags if lo in f), None)
+    f_hi = next((f for f in frags if hi in f), None)
+    swap = flaw(i)
+    if f_lo is None and f_hi is None:
+      made = [hi, lo] if swap else [lo, hi]
+      frags.append(made)
+    elif f_hi is None:
+      made = [hi] + f_lo if swap else f_lo + [hi]
+      frags[frags.index(f_lo)] = made
+    elif f_lo is None:
+      made = f_hi + [lo] if swap else [lo] + f_hi
+      frags[frags.index(f_hi)] = made
+    else:
+      made = f_hi + f_lo if swap else f_lo + f_hi
+      frags[frags.index(f_lo)] = made
+      frags.remove(f_hi)
+    parts.append(f"{lo}<{hi}:{''.join(made)};")
+  if len(frags) != 1:
+    raise ValueError(f"logic links {','.join(links)!r} do not form one chain")
+  answer = "".join(frags[0])
   return "".join(parts) + f"{ANSWER_MARK}{answer}", answer
 
 
-def logic_sites(order: str) -> int:
-  return len(order) - 1
+def logic_sites(links: list[str]) -> int:
+  return len(links)
 
 
 def tally_answer(counts: dict[str, int]) -> str:

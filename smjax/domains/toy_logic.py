@@ -5,8 +5,9 @@
 difficulty d: a chain of n = 3 + d distinct random letters (up to 21-char prompts). The n - 1
 links are listed in a random order, each written as "a<b" or as "b>a".
 
-Chain form (smjax.domains.chains): a chain of n = 4 + d letters, the order built link by link:
-  "q<m,t>m,z>t:"  "q<m:qm;m<t:qmt;t<z:qmtz;#qmtz"
+Chain form (smjax.domains.chains): a chain of n = 4 + d letters, the order assembled from the
+links in the order they are listed, each step writing the fragment it made:
+  "t<z,m>q,t>m:"  "t<z:tz;q<m:qm;m<t:qmtz;#qmtz"
 
 Held-out split, disjoint by construction (a template split): a template is the order in which
 the links are listed plus the direction each is written in; a fixed quarter of the templates
@@ -37,6 +38,11 @@ def is_held_out(order: list[int], directions: list[int]) -> bool:
   return zlib.crc32(template_key(order, directions).encode()) % 4 == 0
 
 
+def _links(prompt: str) -> list[str]:
+  """"q<m,t>m:" -> ["q<m", "t>m"]."""
+  return prompt.rstrip(":").split(",")
+
+
 class LogicDomain(ToyDomain):
   """Chain ordering; see the module docstring."""
 
@@ -58,16 +64,16 @@ class LogicDomain(ToyDomain):
       lo, hi = chain[link], chain[link + 1]
       links.append(f"{hi}>{lo}" if flip else f"{lo}<{hi}")
     answer = "".join(chain)
-    solution = chains.logic_chain(answer)[0] if self.form == "chain" else answer
+    solution = chains.logic_chain(links)[0] if self.form == "chain" else answer
     return Example(prompt=",".join(links) + ":", reference=answer, solution=solution,
                    domain=self.name,
                    metadata={"template": template_key(order, directions)})
 
   def chain_sites(self, example: Example) -> int:
-    return chains.logic_sites(example.reference)
+    return chains.logic_sites(_links(example.prompt))
 
   def chain_solution(self, example: Example, flaw) -> str:
-    return chains.logic_chain(example.reference, flaw)[0]
+    return chains.logic_chain(_links(example.prompt), flaw)[0]
 
   def score(self, example: Example, completion: str) -> float:
     return float(self.extract_answer(completion) == example.reference)

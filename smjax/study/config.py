@@ -61,9 +61,11 @@ def study_defaults() -> mlc.ConfigDict:
   # The learning rate follows a cosine over `schedule_steps` (0: over `steps`). steps=900 and
   # correct_fraction=0.1 are the recipe for which seeds 0-4 of two_domain all land in the band
   # (benchmarks/study_seeds.py -> docs/study_seeds.json).
+  # Domains that learn their chain at different rates take their own fraction:
+  # `domain_correct_fraction="logic=0.5,strings=0.3"` (others: `correct_fraction`).
   c.base = mlc.ConfigDict(dict(steps=900, schedule_steps=0, batch_size=128,
                                learning_rate=3e-3, warmup_steps=20, seq_len=64,
-                               correct_fraction=0.1))
+                               correct_fraction=0.1, domain_correct_fraction=""))
   # The band the base's held-out accuracy (mean of 8 samples at rl.temperature, every domain)
   # must land in, with pass@8 at least `min_headroom` above it; a seed outside it stops the study
   # with the measured values (check=False: warn and go on).
@@ -192,6 +194,7 @@ def validate(c: mlc.ConfigDict) -> None:
     sect, _, key = field.partition(".")
     if not 0.0 <= float(c[sect][key]) <= 1.0:
       raise ValueError(f"config.{field}={c[sect][key]} must be in [0, 1]")
+  correct_fractions(c)   # base.domain_correct_fraction parses and names study domains
   if c.band.low > c.band.high:
     raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}")
   if not 0.0 < c.report.confidence < 1.0:
@@ -222,6 +225,27 @@ def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
 # The external teacher samples this many tokens past rl.max_new_tokens: its verbose style restates
 # the problem and the answer after the solution (smjax.study.phases.verbose).
 TEACHER_EXTRA_TOKENS = 24
+
+
+def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:
+  """{domain: the base mixture's correct fraction}: base.correct_fraction, overridden per domain
+  by base.domain_correct_fraction ("logic=0.5,strings=0.3"); ValueError naming the field."""
+  out = {d: float(c.base.correct_fraction) for d in c.domains}
+  spec = c.base.domain_correct_fraction.strip()
+  for item in filter(None, (x.strip() for x in spec.split(","))):
+    name, eq, value = item.partition("=")
+    try:
+      frac = float(value) if eq else None
+    except ValueError:
+      frac = None
+    if frac is None or not 0.0 <= frac <= 1.0:
+      raise ValueError(f"config.base.domain_correct_fraction={spec!r}: {item!r} must be "
+                       "domain=fraction with the fraction in [0, 1]")
+    if name.strip() not in out:
+      raise ValueError(f"config.base.domain_correct_fraction={spec!r}: {name.strip()!r} is not "
+                       f"one of config.domains={tuple(c.domains)}")
+    out[name.strip()] = frac
+  return out
 
 
 def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:

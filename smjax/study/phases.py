@@ -28,7 +28,7 @@ from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
 from smjax.rollout import Sampler
 from smjax.study import store
-from smjax.study.config import TEACHER_EXTRA_TOKENS
+from smjax.study.config import TEACHER_EXTRA_TOKENS, correct_fractions
 from smjax.study.shared import SeedShared, make_evaluator, state_shardings
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
@@ -77,16 +77,16 @@ def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
 BASE = PhaseSpec("base", reads=("base",))
 
 
-def flaw_mixture(domains: dict, correct_fraction: float):
+def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
   """The base's training mixture (chain form): each example's chain with its mistake sites
-  flawed independently, so that a fraction `correct_fraction` of the examples that admit a
-  mistake are correct (ToyDomain.sample_solution); drawn per example from a stable hash, so a
+  flawed independently, so that a fraction `correct_fraction[domain]` of the examples that admit
+  a mistake are correct (ToyDomain.sample_solution); drawn per example from a stable hash, so a
   resumed or rerun base sees the same mixture."""
   def transform(example):
     m = example.metadata
     rng = rng_for("flaw", example.domain, m.get("split"), m.get("seed"), m.get("index"))
     return dataclasses.replace(example, solution=domains[example.domain].sample_solution(
-        example, rng, correct_fraction))
+        example, rng, correct_fraction[example.domain]))
   return transform
 
 
@@ -111,14 +111,15 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
     ledger = FlopLedger()
     with _writer(workdir, BASE.name) as writer:
       if b.steps:
-        mix = flaw_mixture(shared.domains, b.correct_fraction) if chain else None
+        mix = flaw_mixture(shared.domains, correct_fractions(c)) if chain else None
         state, ledger = _sft(shared, workdir, BASE, phase="base/sft", state=state, step=step,
                              stream=shared.prompts(c.domains, b.batch_size, 1, mix),
                              seq_len=b.seq_len, num_steps=b.steps, writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
+      # The band reads sampled accuracy and pass@k only: its greedy pass would repeat the one above.
       band, calls = make_evaluator(c, shared.sampler, shared.tokenizer, shared.heldout,
-                                   shared.verify, samples=BAND_SAMPLES,
+                                   shared.verify, samples=BAND_SAMPLES, greedy=False,
                                    phase="eval/band")(state.params)
       ledger.add(calls)
       writer.write(b.steps, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})

@@ -236,7 +236,8 @@ def seeds_markdown(data: dict) -> str:
   base and each arm's final accuracy per domain with its interval, and whether its own domains'
   gain over the base clears the interval."""
   rows = []
-  for r in data["seeds"]:
+  base_only = data.get("base_only", False)
+  for r in data["seeds"] if not base_only else []:
     if "error" in r:
       rows.append(f"| {r['seed']} | failed: {' '.join(r['error'])} | | | |")
       continue
@@ -255,10 +256,24 @@ def seeds_markdown(data: dict) -> str:
       band.append(f"| {r['seed']} | " + " ".join(
           f"{d}={100 * v:.1f}%" for d, v in sorted(r["band"]["accuracy"].items()))
           + " | " + " ".join(f"{d}={100 * v:.1f}%"
-                             for d, v in sorted(r["band"]["pass_at_k"].items())) + " |")
+                             for d, v in sorted(r["band"]["pass_at_k"].items())) + " |"
+          + (f" {'; '.join(r['misses']) if r['misses'] else 'in the band'} |"
+             if base_only else ""))
+    elif base_only:
+      band.append(f"| {r['seed']} | failed: {' '.join(r['error'])} | | |")
   head = (f"`{data['command']}` ({data['config']}; {data['machine']['cpu']}, "
           f"{data['machine']['cores']} cores, {data['date']}; wall time per seed: "
           + ", ".join(f"{r['wall_s']:.0f} s" for r in data["seeds"]) + ")")
+  if base_only:
+    cfg = next((r["band_config"] for r in data["seeds"] if "band_config" in r), None)
+    band_of = (f" against config.band (accuracy in [{100 * cfg['low']:.0f}%, "
+               f"{100 * cfg['high']:.0f}%], pass@k at least {100 * cfg['min_headroom']:.0f} "
+               "points above it)" if cfg else "")
+    k = next((r["band"]["samples"] for r in data["seeds"] if "band" in r), 8)
+    return "\n".join([head, "", "The base alone, per seed: its band measurement (sampled held-out "
+                      f"accuracy, mean of {k} samples per prompt, and pass@{k}){band_of}:", "",
+                      f"| seed | sampled accuracy | pass@{k} | band |", "|---|---|---|---|"]
+                     + band) + "\n"
   band_table = (["The base's band measurement (sampled held-out accuracy, mean of "
                  f"{k} samples per prompt, and pass@{k}):", "",
                  f"| seed | sampled accuracy | pass@{k} |", "|---|---|---|"] + band + [""]

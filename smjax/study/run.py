@@ -47,28 +47,36 @@ class BandError(ValueError):
   """The base misses config.band on a seed: the study's arms would have nothing to show."""
 
 
+def band_problems(band: dict, b) -> list[str]:
+  """What a base's band measurement (smjax.study.phases: accuracy and pass@k per domain) misses
+  of config.band `b`: accuracy outside [low, high], or pass@k less than min_headroom above it."""
+  k, problems = band["samples"], []
+  for d, acc in band["accuracy"].items():
+    pk = band["pass_at_k"][d]
+    if not b["low"] <= acc <= b["high"]:
+      problems.append(f"{d} accuracy {acc:.1%} is outside [{b['low']:.0%}, {b['high']:.0%}]")
+    if pk - acc < b["min_headroom"]:
+      problems.append(f"{d} pass@{k} {pk:.1%} is less than {b['min_headroom']:.0%} above its "
+                      f"accuracy {acc:.1%}")
+  return problems
+
+
 def check_band(config: mlc.ConfigDict, seed: int, base: PhaseOutput) -> None:
   """The base's sampled held-out accuracy must lie in [band.low, band.high] on every domain, with
   pass@k at least band.min_headroom above it (the base's `band` measurement, smjax.study.phases);
   BandError naming the seed and the measured values otherwise (band.check=False: a warning)."""
-  band, b = base.extra.get("band"), config.band
+  band = base.extra.get("band")
   if not band:
     return
-  k, problems = band["samples"], []
-  for d, acc in band["accuracy"].items():
-    pk = band["pass_at_k"][d]
-    if not b.low <= acc <= b.high:
-      problems.append(f"{d} accuracy {acc:.1%} is outside [{b.low:.0%}, {b.high:.0%}]")
-    if pk - acc < b.min_headroom:
-      problems.append(f"{d} pass@{k} {pk:.1%} is less than {b.min_headroom:.0%} above its "
-                      f"accuracy {acc:.1%}")
+  problems = band_problems(band, config.band)
   if not problems:
     return
   msg = (f"seed {seed}: the base model misses config.band: {'; '.join(problems)} (accuracy: mean "
-         f"of {k} samples per held-out prompt at temperature {config.rl.temperature}). Change "
-         "config.base (correct_fraction, steps) and rerun, or set config.band.check=False to go "
-         "on with this base")
-  if b.check:
+         f"of {band['samples']} samples per held-out prompt at temperature "
+         f"{config.rl.temperature}). Change config.base (correct_fraction, "
+         "domain_correct_fraction, steps) and rerun, or set config.band.check=False to go on "
+         "with this base")
+  if config.band.check:
     raise BandError(msg)
   log.warning("%s", msg)
 

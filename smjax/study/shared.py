@@ -111,12 +111,12 @@ class SeedShared:
 
 
 def make_evaluator(config, sampler, tokenizer, heldout, verify, *, samples: int | None = None,
-                   phase: str = "eval/heldout") -> Evaluator:
+                   greedy: bool | None = None, phase: str = "eval/heldout") -> Evaluator:
   """The study's held-out evaluation (config.eval; sampled at rl.temperature)."""
   e = config.eval
   return Evaluator(sampler, tokenizer, heldout, verify, batch_size=e.batch_size,
                    samples=samples or e.samples, temperature=config.rl.temperature,
-                   greedy=e.greedy, phase=phase)
+                   greedy=e.greedy if greedy is None else greedy, phase=phase)
 
 
 def state_shardings(mesh, tx, cfg: ModelConfig):
