@@ -6,8 +6,10 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 DEMO_WORKDIR ?= runs/demo
 # Two pytest workers (pytest-xdist), each module on one: the suite is mostly single-threaded XLA
-# compiles, so two of them fill a 2-core machine. `make test PYTEST_ARGS=` runs one process.
-PYTEST_ARGS ?= -n 2 --dist loadfile
+# compiles, so two of them fill a 2-core machine. Modules are handed out slowest first
+# (tests/conftest.py), and the 15 slowest tests are listed at the end, so that a test that grew is
+# seen. `make test PYTEST_ARGS=` runs one process.
+PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
 .PHONY: demo test bench study sandbox-tools malloc-tools clean
 

@@ -15,3 +15,17 @@ FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensiv
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = f"{FAST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 sys.path.insert(0, os.path.dirname(__file__))
+
+# The modules that take longest (`make test` runs them with `--durations`), first: pytest-xdist
+# hands out whole modules (--dist loadfile) in collection order (--no-loadscope-reorder), so
+# the long ones start at once on the two workers and the short ones fill in behind them,
+# instead of a long one starting last and running alone.
+SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_study_hf.py",
+              "test_layouts.py", "test_benchmarks.py", "test_learning.py", "test_sharded_steps.py",
+              "test_precheck.py", "test_checkpoint.py", "test_distributed.py",
+              "test_mesh_compile_once.py", "test_transformer.py", "test_rollout_decode.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))

@@ -177,6 +177,12 @@ def test_report_arms_and_flops_add_up(study):
     for r in led["records"]:
       sums[r["phase"]] = sums.get(r["phase"], 0) + r["flops_per_call"] * r["calls"]
     assert sums == led["flops"], phase
+  # The greedy pass beside the sampled one (eval.greedy, on by default): one 0/1 per prompt.
+  point = results["joint_grpo"]["curve"][-1]
+  for d, g in point["greedy_correct"].items():
+    assert len(g) == len(point["correct"][d]) == 8 and set(g) <= {0, 1}, (d, g)
+    assert point["greedy"][d] == pytest.approx(sum(g) / 8)
+  assert len(point["greedy_correct"]) == 2
   # base.steps=0: the base phase only evaluates the HF weights (no SFT FLOPs).
   assert set(results["base"]["ledger"]["flops"]) == {"eval/heldout", "eval/band"}
   for phase in ["joint_grpo"] + experts:
