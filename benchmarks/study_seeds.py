@@ -4,12 +4,13 @@ each as its own process into its own workdir, and the per-seed verdicts written 
   .venv/bin/python benchmarks/study_seeds.py                   # seeds 0-4 -> docs/study_seeds.json
   .venv/bin/python benchmarks/study_seeds.py --seeds 0 --workdir /tmp/seeds --out /tmp/s.json
   .venv/bin/python benchmarks/study_seeds.py --base-only --jobs 2 \
-      --config configs/study.py:four_domain,full --workdir runs/four_band --out docs/four_domain_band.json
+      --config configs/study.py:four_domain,full --workdir runs/four_band \
+      --out docs/four_domain_band.json
 
 Other `--config.<field>=<value>` arguments go to every seed's run. `--base-only` runs the base
-phase alone (band.check off, so that a miss is recorded, not fatal)
-and records per seed its band measurement and what it misses of the config's band: is the
-base recipe calibrated on every seed? `--jobs N` runs N seeds at once.
+phase alone (band.check off, so that a miss is recorded, not fatal) and records per seed its
+band measurement and what it misses of the config's band: is the base recipe calibrated on
+every seed? `--jobs N` runs N seeds at once.
 
 For each seed: the base's sampled accuracy and band measurement, each trained arm's final
 accuracy per domain with its 95% interval (bootstrap over held-out prompts), whether joint GRPO
@@ -134,7 +135,8 @@ def main() -> int:
               for arm, v in row["arms"].items()}
     print(f"seed {seed}: {wall:.0f} s, base {row['base']}, learns beyond the interval: {learns}")
   out = {"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
-         "config": args.config, "base_only": args.base_only, "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
+         "config": args.config, "base_only": args.base_only,
+         "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
          "date": time.strftime("%Y-%m-%d"), "seeds": rows}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:

@@ -80,7 +80,8 @@ def test_flaw_mixture_hits_its_correct_fraction_and_is_stable(p):
 
 
 def test_domain_correct_fraction_overrides_per_domain_and_is_validated():
-  from smjax.study.config import correct_fractions, validate  # pylint: disable=import-outside-toplevel
+  from smjax.study.config import (  # pylint: disable=import-outside-toplevel
+      correct_fractions, validate)
   c = study_defaults()
   c.domains = ("math", "code", "logic")
   c.base.correct_fraction = 0.1

@@ -8,7 +8,7 @@ the final answer only, as in the paper:
 
   math     "573+089="          "3+9+0=2,1;7+8+1=6,1;5+0+1=6,0;#662"    column addition with carries
   code     "f(023)=058;f(x)="  "8-3-0=5,0;5-2-0=3,0;0-0-0=0,0;#x+35"   c = y - x, column subtraction
-  logic    "t<z,m>q,t>m:"      "t<z:tz;q<m:qm;m<t:qmtz;#qmtz"          the order assembled link by link
+  logic    "t<z,m>q,t>m:"      "t<z:tz;q<m:qm;m<t:qmtz;#qmtz"          the order assembled by links
   strings  "count:qbqqebeq="   "q1;b1;q2;q3;e1;b2;e2;q4;#b2e2q4"       a running tally
 
 Each writer takes an optional `flaw(site) -> bool`, asked at every place (site) where its
