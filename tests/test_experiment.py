@@ -29,7 +29,7 @@ MINI = [
     "--config.rl.samples_per_prompt=4", "--config.opd.samples_per_prompt=2",
     "--config.checkpoint_every=2", "--config.band.check=False", "--config.eval.samples=2",
     # Sampled accuracy only: a greedy pass doubles the sampler programs every phase compiles
-    # (the greedy fields are checked in test_learning and test_report).
+    # (the greedy fields are checked in test_study_hf and test_report).
     "--config.eval.greedy=False",
     "--config.phases=('base','joint','experts','mopd','external')",
 ]
