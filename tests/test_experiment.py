@@ -333,6 +333,20 @@ def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
         f"self_teacher.eval_refine: {default} -> {2 * default}"], spec.name
 
 
+@pytest.mark.parametrize("field,value,needle", [
+    ("joint.eval_refine", 0, r"config\.joint\.eval_refine=0 must be >= 1"),
+    ("experts.eval_refine", 0, r"config\.experts\.eval_refine=0 must be >= 1"),
+    ("experts.stop_fraction", 1.5, r"config\.experts\.stop_fraction=1\.5 must be in \[0, 1\]"),
+])
+def test_the_experts_stop_rule_and_the_refined_grids_are_validated(field, value, needle):
+  from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel
+  c = study_config.study_defaults()
+  sect, key = field.split(".")
+  c[sect][key] = value
+  with pytest.raises(ValueError, match=needle):
+    study_config.validate(c)
+
+
 def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
   from smjax.study.config import RUN_NEUTRAL_FIELDS  # pylint: disable=import-outside-toplevel
@@ -342,8 +356,10 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   common = set(ph.COMMON_READS)
   assert reads["base"] == common | {"base"}
   assert reads["joint_grpo"] == common | {"base", "rl", "joint"}
-  assert reads["mopd"] == common | {"base", "rl", "experts", "opd", "mopd"}   # via the experts
-  assert "joint" not in reads["expert_"] and "opd" not in reads["expert_"]
+  # An expert stops at a share of joint GRPO's gain, MOPD at the matched target too.
+  assert reads["expert_"] == common | {"base", "rl", "joint", "experts", "report.reference_arm"}
+  assert reads["mopd"] == reads["expert_"] | {"opd", "mopd", "report.target_fraction"}
+  assert "opd" not in reads["expert_"]
   assert "external.steps" not in reads["external_teacher"] and "rl" not in reads["external_teacher"]
   assert {"rl", "joint", "self_teacher.degrade_steps"} <= reads["recover_grpo"]
   assert "opd" not in reads["recover_grpo"] and "opd" in reads["recover_self"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from smjax.study.render import curve_series, format_table, write_report
-from smjax.study.report import (ArmResult, build_report, capture_rule, captured, seed_figures,
-                                verdicts)
+from smjax.study.report import (ArmResult, all_rules, build_report, capture_rule, captured,
+                                expert_rule, matched_target, seed_figures, target_rule, verdicts)
 
 N, K = 5, 10  # held-out prompts per domain, samples per prompt
 
@@ -167,6 +167,33 @@ def test_captured_and_the_capture_rule():
   assert capture_rule(START, dict(START), 0.9) is None          # no gain to capture
   assert capture_rule(START, {"math": .1, "code": .4}, 0.9) is None
   assert captured(SCRIPT[1][0], START, dict(START)) is None
+
+
+def test_expert_and_target_rules_hold_split_then_merge_to_joint_grpos_result():
+  """An expert stops once its domain has gained the set share of joint GRPO's final gain there;
+  MOPD once it has captured its share of the teachers' gain and is at the report's target."""
+  base, joint = {"math": .2, "code": .4}, {"math": .8, "code": .9}
+  rule = expert_rule("math", base, joint, 1.0)       # math: 0.8 (its own domain only)
+  assert [rule({"accuracy": {"math": a, "code": 0.0}}) for a in (.5, .79, .8, .95)] == [
+      False, False, True, True]
+  half = expert_rule("code", base, joint, 0.5)       # code: 0.4 + 0.5 x 0.5 = 0.65
+  assert not half({"accuracy": {"math": 1.0, "code": .64}}) and half({"accuracy": {"code": .65}})
+  assert expert_rule("math", base, joint, 0.0) is None              # 0: the cap
+  assert expert_rule("math", base, {"math": .1, "code": .9}, 1.0) is None   # no gain there
+  # The matched target is the report's, per seed: base 0.3 + 0.9 x (joint 0.85 - 0.3) = 0.795.
+  assert matched_target(base, joint, 0.9) == pytest.approx(0.795)
+  arms = {"base": ArmResult("base", 0, _curve([(0, .2, .4)]), {}),
+          "joint_grpo": ArmResult("joint_grpo", 0, _curve([(0, .2, .4), (100, .8, .9)]),
+                                  {"train/policy": 100.0})}
+  f = seed_figures(arms, {}, target_fraction=0.9, reference_arm="joint_grpo", recover_domain=None)
+  assert f["_study|target"] == pytest.approx(matched_target(base, joint, 0.9))
+  at = target_rule(base, joint, 0.9)
+  assert not at({"accuracy": {"math": .7, "code": .88}}) and at({"accuracy": {"math": .7,
+                                                                               "code": .89}})
+  both = all_rules(capture_rule(START, TEACHER, 0.9), lambda p: p["accuracy"]["math"] >= .65)
+  assert [both({"accuracy": acc}) for acc, _ in SCRIPT] == [False, False, False, False, True]
+  assert target_rule(base, {"math": .3, "code": .3}, 0.9) is None     # no gain: no mark
+  assert all_rules(None, None) is None and all_rules(None, at) is not None
 
 
 def _distill_arms():

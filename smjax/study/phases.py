@@ -223,7 +223,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
 
     fix = None
     if grpo and not every:
-      fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops)
+      fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops) / eval_refine
     # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
     # step) waits for its pending async save before it propagates, so no save is left running.
     with mgr, ckpt_lib.PreemptionGuard() as guard, _writer(workdir, phase) as writer:
@@ -299,8 +299,11 @@ def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
 # ------------------------------------------------------------------ the RL phases' declarations
 
 JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,))
-EXPERT = PhaseSpec("expert_", reads=("rl", "experts"), after=(BASE,))   # expert_<domain>
-MOPD = PhaseSpec("mopd", reads=("opd", "mopd"), after=(EXPERT,))
+# An expert stops at a share of joint GRPO's gain (experts.stop_fraction), and MOPD at the
+# report's matched target too, so both start from joint GRPO's result.
+EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm"),
+                   after=(BASE, JOINT))   # expert_<domain>
+MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "report.target_fraction"), after=(EXPERT,))
 EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps"),
                          after=(EXTERNAL_TEACHER,))
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.

@@ -78,6 +78,39 @@ def capture_rule(start: dict, teacher: dict, fraction: float):
   return lambda point: captured(point["accuracy"], start, teacher) >= fraction - 1e-12
 
 
+def matched_target(start: dict, reference: dict, fraction: float) -> float:
+  """The report's matched target from final accuracies ({domain: acc}): the start's mean plus
+  `fraction` of the reference arm's gain over it (seed_figures computes it the same way)."""
+  return _mean(start) + fraction * (_mean(reference) - _mean(start))
+
+
+def target_rule(start: dict, reference: dict, fraction: float):
+  """run_rl's `stop_at` for an arm that must reach the matched target: True at the first curve
+  point whose mean accuracy is at or above it; None (no rule) when the reference gained nothing
+  over `start`, so that the target is no mark to reach."""
+  if _mean(reference) <= _mean(start):
+    return None
+  target = matched_target(start, reference, fraction)
+  return lambda point: _mean(point["accuracy"]) >= target - 1e-12
+
+
+def expert_rule(domain: str, start: dict, reference: dict, fraction: float):
+  """An expert's stop rule: True at the first curve point where its own domain has gained
+  `fraction` of the reference arm's (joint GRPO's) final gain on that domain over `start`; None
+  (run to the cap) with fraction 0 or when the reference gained nothing there."""
+  gain = reference[domain] - start[domain]
+  if fraction <= 0 or gain <= 0:
+    return None
+  level = start[domain] + fraction * gain
+  return lambda point: point["accuracy"][domain] >= level - 1e-12
+
+
+def all_rules(*rules):
+  """The stop rule that holds when every given rule (None: no rule) holds; None when none given."""
+  rules = [r for r in rules if r is not None]
+  return (lambda point: all(r(point) for r in rules)) if rules else None
+
+
 def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = None) -> str | None:
   """The domain the recovery arms are scored on (config.self_teacher.recover_domain).
 

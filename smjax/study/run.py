@@ -35,7 +35,8 @@ from smjax.study import phases as ph
 from smjax.study import store
 from smjax.study.config import validate
 from smjax.study.render import format_table, write_report
-from smjax.study.report import ArmResult, build_report, capture_rule
+from smjax.study.report import (ArmResult, all_rules, build_report, capture_rule, expert_rule,
+                                target_rule)
 from smjax.study.shared import SeedShared, seed_shared
 from smjax.study.store import PhaseOutput
 from smjax.train.teachers import Teacher
@@ -103,16 +104,25 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   joint = None
   if "joint" in phases or "self_teacher" in phases:
     joint = rl(ph.JOINT, ph.JOINT.name, algo="grpo", init_params=base.params,
-               domains=config.domains, steps=config.joint.steps, stream_seed=10)
+               domains=config.domains, steps=config.joint.steps, stream_seed=10,
+               eval_refine=int(config.joint.eval_refine))
     arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
+  # Split-then-merge is held to what joint GRPO reached: each expert stops once its domain has
+  # gained experts.stop_fraction of joint GRPO's final gain there, and MOPD once the student is
+  # at the report's matched target too (without joint GRPO: the caps and the capture rule).
+  ref = final(joint) if joint is not None and config.report.reference_arm == "joint_grpo" else None
   if "experts" in phases or "mopd" in phases:
     experts = {}
     for i, d in enumerate(config.domains):
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
+      stop = (None if ref is None else
+              expert_rule(d, final(base), ref, float(config.experts.stop_fraction)))
       experts[d] = rl(ph.EXPERT, name, algo="grpo", init_params=base.params, domains=[d],
-                      steps=config.experts.steps, stream_seed=20 + i)
+                      steps=config.experts.steps, stream_seed=20 + i,
+                      eval_refine=int(config.experts.eval_refine), stop_at=stop)
       arms.append(ArmResult(name, seed, experts[d].curve, train(experts[d]),
-                            note=f"GRPO on {d} only"))
+                            note=f"GRPO on {d} only",
+                            reached=None if stop is None else experts[d].extra.get("reached")))
     if "mopd" in phases:
       expert_flops = sum(sum(train(x).values()) for x in experts.values())
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
@@ -122,7 +132,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                 domains=config.domains, steps=config.mopd.steps, stream_seed=30,
                 flops_offset=expert_flops, router=shared.teacher_router(teachers),
                 eval_refine=int(o.eval_refine),
-                stop_at=capture_rule(final(base), teacher_acc, o.capture_fraction))
+                stop_at=all_rules(
+                    capture_rule(final(base), teacher_acc, o.capture_fraction),
+                    None if ref is None else target_rule(
+                        final(base), ref, float(config.report.target_fraction))))
       by_phase = {}
       for x in list(experts.values()) + [mopd]:
         for p, v in train(x).items():
