@@ -240,3 +240,25 @@ def test_garbled_tokenizer_files_are_named(tmp_path):
   with pytest.raises(ValueError) as e:
     HFTokenizer(str(tmp_path))
   one_line_error(e, f"{config}: not valid JSON (Expecting value, line 2 column 15)")
+
+
+def test_repo_kernels_dir_does_not_shadow_the_installed_kernels_distribution():
+  """With the repository root first on sys.path (`python -c` there), the bare name `kernels` is
+  Hugging Face's distribution where one is installed (transformers >= 5.25 imports it), and our
+  kernels stay importable as smjax.kernels; a subprocess so the import runs from scratch."""
+  import importlib.metadata
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import kernels, smjax.kernels.reverse_kl as r, transformers.activations; "
+          "print(kernels.__file__); print(r.__file__)")
+  out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True)
+  assert out.returncode == 0, out.stderr[-2000:]
+  bare, ours = out.stdout.split()
+  assert os.path.dirname(ours) == os.path.join(root, "kernels")
+  try:
+    importlib.metadata.version("kernels")
+    installed = True
+  except importlib.metadata.PackageNotFoundError:
+    installed = False
+  assert (os.path.dirname(bare) != os.path.join(root, "kernels")) == installed, bare
