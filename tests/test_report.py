@@ -226,7 +226,7 @@ def test_distillation_flops_share_and_headroom():
   assert f["split_merge|headroom_mean"] == pytest.approx(1.0)
   rep = build_report(arms, bootstrap=30)
   s = rep["arms"]["split_merge"]
-  assert _exact(s["distillation_share"], 44.0 / 150) and s["reached_capture"] == [True]
+  assert _exact(s["distillation_share"], 44.0 / 150) and s["reached_stop_rule"] == [True]
   assert any(v.startswith("distillation cost 29.3% [29.3, 29.3] of the experts' FLOPs")
              for v in rep["verdicts"])
   # A distillation that stops short of 90 %: never, and its verdict says so.

@@ -47,7 +47,8 @@ class ArmResult:
   target: float | None = None          # "recovery" arms (self-teacher study) carry their own
   # Distillation arms: the arm whose final accuracy on each domain is the teacher's (and `start`:
   # the arm the student started from), the fraction of the teachers' gain the run stops at, and
-  # whether it got there before its cap.
+  # whether it got there before its cap (`reached`; experts: whether their stop rule, a share
+  # of joint GRPO's gain, ended them before their cap).
   teachers: dict = dataclasses.field(default_factory=dict)
   start: str = "base"
   capture_fraction: float | None = None
@@ -283,7 +284,7 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
     out["arms"][name] = nested | {
         "group": runs[0].group, "seeds": [r.seed for r in runs],
         "reference": (reference_arm if runs[0].group == "main" else "recover_grpo"),
-        "reached_capture": [r.reached for r in runs if r.reached is not None],
+        "reached_stop_rule": [r.reached for r in runs if r.reached is not None],
         "notes": sorted({r.note for r in runs if r.note})}
   for key, field in (("target", "target_accuracy"), ("recover_target", "recover_target")):
     v = summary.get(f"_study|{key}")
