@@ -1,14 +1,16 @@
 """Where a decode step's time goes: a `jax.profiler` trace of the sampler's decode loop on a
 GRPO-sized batch, its ops' time grouped by what they compute.
 
-One `Sampler.generate` call (16 prompts x 4 samples = 64 rows, 64 new tokens, plain sampling, EOS
-off, the 'small' Qwen3-style model of benchmarks/rollout_vs_hf.py with random weights) is traced
+One `Sampler.generate` call (16 prompts x 4 samples = 64 rows, 64 new tokens or `--new-tokens`,
+in the Sampler's decode stages or `--decode-stages`, plain sampling, EOS off, the 'small'
+Qwen3-style model of benchmarks/rollout_vs_hf.py with random weights) is traced
 after warm-up. Every XLA op of the loop body is named by its HLO metadata (the jax source scope,
 e.g. `Transformer/layers_0/mlp/dot_general`) and put in one part; a part's time is the wall time
 during which any of its ops ran on any thread (intervals merged), divided by the decode steps.
 The matmul floor is the generation's analytic FLOPs at this process's f32 [2048, 2048] matmul rate.
 
   .venv/bin/python benchmarks/decode_profile.py --out docs/decode_profile.json
+  .venv/bin/python benchmarks/decode_profile.py --new-tokens 512 --decode-stages 1 --out /tmp/p.json
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smjax  # noqa: F401,E402  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 from rollout_vs_hf import _cpu, matmul_rate  # noqa: E402  (shared with the sampler benchmark)
+from _peer_common import timed  # noqa: E402
 
 PARTS = (  # (part, test on the op's jax scope), first match wins
     ("MLP (gate/up and down matmuls, SiLU)", lambda op: "/mlp/" in op),
@@ -63,8 +66,40 @@ def merged_ns(intervals) -> int:
   return total + (0 if cur is None else cur[1] - cur[0])
 
 
+def decode_matmuls(cfg, rows: int) -> list[tuple[str, int, int, int, int]]:
+  """A decode step's matmuls on one device as (name, M, K, N, count per step): the fused q/k/v and
+  gate/up products of `fuse_for_decode`, the output and down projections per layer, the LM head."""
+  D, H, N, K, F = cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff
+  L = cfg.n_layers
+  return [("q/k/v", rows, D, (N + 2 * K) * H, L), ("output projection", rows, N * H, D, L),
+          ("MLP gate/up", rows, D, 2 * F, L), ("MLP down", rows, F, D, L),
+          ("LM head", rows, D, cfg.vocab_size, 1)]
+
+
+def matmuls_alone(jax, shapes, reps: int = 50) -> tuple[list[dict], float]:
+  """Each matmul shape jitted alone, best of `reps` calls, less the dispatch time of a trivial
+  jitted call (also returned): what XLA:CPU reaches on these shapes by themselves."""
+  jnp = jax.numpy
+  tiny = jnp.ones((1,), jnp.float32)
+  nop = jax.jit(lambda x: x * 2.0)
+  nop(tiny).block_until_ready()
+  dispatch = min(timed(lambda: nop(tiny).block_until_ready(), reps))
+  mm = jax.jit(lambda x, w: x @ w)
+  out = []
+  for name, m, k, n, count in shapes:
+    x, w = jnp.ones((m, k), jnp.float32), jnp.full((k, n), 0.01, jnp.float32)
+    mm(x, w).block_until_ready()
+    s = max(min(timed(lambda: mm(x, w).block_until_ready(), reps)) - dispatch, 1e-9)
+    out.append(dict(matmul=name, shape=[m, k, n], per_step=count, ms=s * 1e3,
+                    flops_per_s=2 * m * k * n / s))
+  return out, dispatch
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--new-tokens", type=int, default=64)
+  ap.add_argument("--decode-stages", type=int, default=None,
+                  help="the Sampler's decode_stages (default: its own, one per 128 new tokens)")
   ap.add_argument("--out", default="bench_results/decode_profile.json")
   args = ap.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
@@ -77,19 +112,24 @@ def main() -> int:
   params = init_params(cfg, jax.random.key(0))
   rng = np.random.RandomState(0)
   prompts = [[int(t) for t in rng.randint(3, 4096, rng.randint(16, 33))] for _ in range(16)]
-  rows, new_tokens = 64, 64
-  sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(32,))
+  rows, new_tokens = 64, args.new_tokens
+  sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(32,),
+                       decode_stages=args.decode_stages)
   captured = {}
-  loop = ro._decode_loop
+  loops = {name: getattr(ro, name) for name in ("_decode_loop", "_decode_loop_growing")}
 
-  def capture(*a, **k):
-    captured.update(a=a, k=k)
-    return loop(*a, **k)
+  def capture(name):
+    def call(*a, **k):
+      captured.update(loop=loops[name], a=a, k=k)
+      return loops[name](*a, **k)
+    return call
 
-  ro._decode_loop = capture
+  for name in loops:
+    setattr(ro, name, capture(name))
   run = lambda: sampler.generate(params, prompts, jax.random.key(1), num_samples=4)
   result = run()
-  ro._decode_loop = loop
+  for name, loop in loops.items():
+    setattr(ro, name, loop)
   times = []
   for _ in range(10):
     t0 = time.perf_counter()
@@ -97,8 +137,10 @@ def main() -> int:
     times.append(time.perf_counter() - t0)
   seconds = min(times)
   peak = matmul_rate(jax)
+  alone, dispatch_s = matmuls_alone(jax, decode_matmuls(cfg, rows))
+  alone_ms = sum(m["ms"] * m["per_step"] for m in alone)
   useful = sum(c.useful for c in result.program_calls)
-  scopes = op_scopes(loop.lower(*captured["a"], **captured["k"]).compile().as_text())
+  scopes = op_scopes(captured["loop"].lower(*captured["a"], **captured["k"]).compile().as_text())
 
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
@@ -124,14 +166,25 @@ def main() -> int:
   out = dict(benchmark="decode_profile", command="python benchmarks/decode_profile.py "
              + " ".join(sys.argv[1:]), cpu=_cpu(), threads=len(os.sched_getaffinity(0)),
              jax=jax.__version__, date=datetime.date.today().isoformat(), rows=rows,
-             new_tokens=new_tokens, generate_s=seconds, steps=steps,
+             new_tokens=new_tokens, decode_stages=len(ro.decode_stages(32, new_tokens,
+                                                                      sampler.stages)),
+             generate_s=seconds, steps=steps,
              ms_per_step=seconds / (steps + 1) * 1e3, matmul_flops_per_s=peak,
              floor_fraction=useful / seconds / peak, traced_ms_per_step=total,
-             categories=categories)
+             categories=categories, matmuls_alone=alone, dispatch_ms=dispatch_s * 1e3,
+             matmuls_alone_ms_per_step=alone_ms,
+             # the floor fraction of a step that took only its matmuls' time alone
+             matmuls_alone_floor_fraction=useful / (steps + 1) / (alone_ms / 1e3) / peak)
   print(f"{rows} rows x {new_tokens} tokens: {seconds * 1e3:.1f} ms per generate, "
         f"{useful / seconds / peak:.0%} of the matmul floor ({peak / 1e9:.0f} GFLOP/s)")
   for c in categories:
     print(f"  {c['ms_per_step']:6.3f} ms/step {100 * c['share']:4.0f} %  {c['category']}")
+  for m in alone:
+    print(f"  alone: {m['matmul']:18s} {m['shape']} x{m['per_step']}: {m['ms']:.3f} ms, "
+          f"{m['flops_per_s'] / 1e9:.0f} GFLOP/s")
+  print(f"  the step's matmuls alone: {alone_ms:.2f} ms per step of {out['ms_per_step']:.2f}; a "
+        f"step that took only that would be at {out['matmuls_alone_floor_fraction']:.0%} of the "
+        f"matmul floor")
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(out, f, indent=2)

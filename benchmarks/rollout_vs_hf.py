@@ -90,6 +90,9 @@ def main():
   ap.add_argument("--prompt-len", type=int, nargs=2, default=(16, 32), help="min max")
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--decode-stages", type=int, default=None,
+                  help="the Sampler's decode_stages (default: its own, one per 128 new tokens); "
+                       "with more than one, one loop over the whole cache is timed beside it")
   ap.add_argument("--modes", nargs="+", default=["sample", "greedy"], choices=["sample", "greedy"])
   ap.add_argument("--tunix", action="store_true", help="also time Tunix's sampler (own venv)")
   ap.add_argument("--envs-dir", default="bench_results/envs",
@@ -112,7 +115,7 @@ def main():
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   from smjax.models import hf  # pylint: disable=import-outside-toplevel
-  from smjax.rollout import Sampler  # pylint: disable=import-outside-toplevel
+  from smjax.rollout import Sampler, decode_stages  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(threads)
   print(f"CPU threads: torch.set_num_threads({threads}); jax/XLA CPU backend uses the same "
         f"{threads} cores (process affinity); jax {jax.__version__}, torch {torch.__version__}, "
@@ -141,17 +144,21 @@ def main():
     G, T = args.samples, args.new_tokens
     rows = args.prompts * G
     bucket = 1 << (hi - 1).bit_length()
-    sampler = Sampler(cfg, max_new_tokens=T, eos_id=None, pad_id=0, prompt_buckets=(bucket,))
+    make = lambda n: Sampler(cfg, max_new_tokens=T, eos_id=None, pad_id=0,
+                             prompt_buckets=(bucket,), decode_stages=n)
+    sampler = make(args.decode_stages)
+    stages = len(decode_stages(bucket, T, sampler.stages))
+    one_loop = make(1) if stages > 1 else None  # the reference the stages are measured against
     results["sizes"][size] = sized = dict(params=n_params, rows=rows, prompt_bucket=bucket,
-                                          modes={})
+                                          decode_stages=stages, modes={})
 
     for mode in args.modes:
       greedy = mode == "greedy"
       key = iter(range(10_000))
 
-      def ours():
-        r = sampler.generate(params, prompts, jax.random.key(next(key)), num_samples=G,
-                             greedy=greedy)
+      def ours(s=sampler, k=None):
+        r = s.generate(params, prompts, jax.random.key(next(key) if k is None else k),
+                       num_samples=G, greedy=greedy)
         r.completion_BC.block_until_ready()
         return r
 
@@ -160,6 +167,11 @@ def main():
       first = time.perf_counter() - t0
       ours_times = timed(ours, args.reps)
       assert np.asarray(res.completion_mask_BC).all() and res.steps_run == T - 1
+      one_loop_times = None
+      if one_loop:
+        same = ours(one_loop, 0).completion_BC, ours(sampler, 0).completion_BC
+        one_loop_times = timed(lambda: ours(one_loop), args.reps)
+        one_loop_flops = sum(c.flops() for c in ours(one_loop).program_calls)
 
       # HF prefills every row (its num_return_sequences expands the inputs the same way).
       prompt_BP = torch.tensor(np.asarray(res.prompt_BP), dtype=torch.long)
@@ -190,6 +202,15 @@ def main():
                    smjax_gflops_per_s=flops / ours_s / 1e9)
       entry["smjax_floor_fraction"] = useful / ours_s / peak
       entry["hf_floor_fraction"] = useful / hf_s / peak
+      if one_loop_times:
+        one_s = statistics.median(one_loop_times)
+        entry.update(smjax_one_loop_s=one_s, smjax_one_loop_runs_s=one_loop_times,
+                     smjax_one_loop_compiled_flops=one_loop_flops,
+                     stages_speedup=one_s / ours_s,
+                     stages_same_tokens=bool(np.array_equal(*map(np.asarray, same))),
+                     # rows whose whole completion is the one loop's: a row can part ways where a
+                     # draw falls within float rounding of a token boundary (see smjax/rollout.py)
+                     stages_rows_same=int(np.all(np.equal(*map(np.asarray, same)), axis=1).sum()))
       sized["modes"][mode] = entry
       if tunix_python:
         entry["tunix_s"] = None  # filled in below, once per size
@@ -200,6 +221,10 @@ def main():
       print(f"  HF   : {hf_s * 1e3:8.1f} ms  {tokens / hf_s:9.0f} tok/s   (warm-up {hf_warm:.2f} s)")
       print(f"  speedup smjax / HF: {hf_s / ours_s:.2f}x; fraction of the matmul floor: smjax "
             f"{entry['smjax_floor_fraction']:.0%}, HF {entry['hf_floor_fraction']:.0%}")
+      if one_loop_times:
+        print(f"  smjax in one loop over the whole cache: {entry['smjax_one_loop_s'] * 1e3:8.1f} "
+              f"ms ({one_loop_flops / 1e9:.2f} GFLOP); {stages} stages are "
+              f"{entry['stages_speedup']:.2f}x faster, same tokens: {entry['stages_same_tokens']}")
 
     if tunix_python:
       vocab, d_model, d_ff, layers, heads, kv_heads = SIZES[size]

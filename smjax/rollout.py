@@ -26,8 +26,13 @@ products per row and kv head (`decode_attend`), the loop runs on `fuse_for_decod
 top-p) draws from the same exp pass that gives the log-prob. None of it changes a token: the same
 key gives the same completions as the general path, up to float rounding in the logits.
 
-FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and the
-separately jitted single decode step (the exact loop body) times the decode steps that ran.
+Long completions decode in stages (`decode_stages`): each stage is its own `while_loop` on a
+cache padded to the slots filled by the stage's end, so attention reads the filled part of the
+cache (to within a stage) rather than all P + C - 1 slots; the tokens are those of one loop.
+
+FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and, per
+decode stage, the separately jitted single decode step on that stage's cache (the exact loop
+body) times the decode steps that ran in it.
 The "useful" count is `smjax.flops.analytic_flops` of the real (unpadded) tokens.
 
 Legend (DESIGN.md §4): B rows (prompts x G), G samples per prompt, P prompt length (bucketed),
@@ -92,8 +97,9 @@ class RolloutResult:
   completion_BC / completion_mask_BC: sampled tokens (pad after a row's stop) and their mask.
   lengths_B: masked-in completion tokens, EOS / stop-sequence tokens included.
   logprobs_BC: log-softmax of the raw logits (temperature 1) at the sampled tokens, 0 where masked.
-  program_calls: [prefill x 1, decode step x steps_run] for the FLOP ledger; each one's `useful`
-    is the analytic FLOPs of the real (unpadded) tokens over all its calls.
+  program_calls: [prefill x 1, decode step x the steps run in each decode stage] for the FLOP
+    ledger; each one's `useful` is the analytic FLOPs of the real (unpadded) tokens over all its
+    calls.
   """
   prompt_BP: jax.Array
   prompt_mask_BP: jax.Array
@@ -122,19 +128,25 @@ class FullSequence:
 
 # ------------------------------------------------------------------------------------ FLOPs
 
-def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B) -> tuple[float, float]:
-  """(prefill, decode) analytic FLOPs of the real tokens. Prefill: every prompt token once, logits
-  at the last one. Decode: a row of completion length L forwards its first L-1 tokens, token j
-  (0-based) attending to prompt_len + j + 1 keys."""
+def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B,
+                  stage_ts: Sequence[tuple[int, int]] = ((1, 1 << 30),),
+                  ) -> tuple[float, list[float]]:
+  """(prefill, [decode per stage]) analytic FLOPs of the real tokens. Prefill: every prompt token
+  once, logits at the last one. Decode: a row of completion length L forwards its first L-1 tokens,
+  token j (0-based) at loop iteration t = j + 1, attending to prompt_len + t keys; a stage [a, b)
+  counts the iterations a <= t < b."""
   p = np.asarray(prompt_lens, np.float64)
   prefill = analytic_flops(cfg, tokens=p.sum(), context_len=(p * (p + 1) / 2).sum() / p.sum(),
                            backward=False, logit_tokens=len(p))
   p_B = np.repeat(p, len(lengths_B) // len(p))
-  fed_B = np.maximum(np.asarray(lengths_B, np.float64) - 1, 0)
-  ctx = (fed_B * p_B + fed_B * (fed_B + 1) / 2).sum()
-  decode = analytic_flops(cfg, tokens=fed_B.sum(), context_len=ctx / max(fed_B.sum(), 1),
-                          backward=False)
-  return float(prefill), float(decode)
+  last_B = np.asarray(lengths_B, np.float64)  # iterations t = 1 .. L-1 feed a token
+  decode = []
+  for a, b in stage_ts:
+    fed_B = np.maximum(np.minimum(last_B, b) - a, 0)
+    ctx = (fed_B * p_B + fed_B * (2 * a + fed_B - 1) / 2).sum()
+    decode.append(float(analytic_flops(cfg, tokens=fed_B.sum(),
+                                       context_len=ctx / max(fed_B.sum(), 1), backward=False)))
+  return float(prefill), decode
 
 
 # --------------------------------------------------------------------------------- sampling
@@ -201,14 +213,16 @@ def _constrain(state: SamplingState, mesh) -> SamplingState:
 _STATIC = ("cfg", "mesh")
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("max_new_tokens", "num_samples"))
+@functools.partial(jax.jit,
+                   static_argnames=_STATIC + ("max_new_tokens", "num_samples", "cache_len"))
 def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg, max_new_tokens,
-             num_samples, mesh) -> SamplingState:
-  """Prompt forward once, cache repeated G times, completion token 0 sampled for every row."""
+             num_samples, cache_len, mesh) -> SamplingState:
+  """Prompt forward once, cache (`cache_len` slots: the first decode stage's) repeated G times,
+  completion token 0 sampled for every row."""
   B, P = prompt_BP.shape
   G, C = num_samples, max_new_tokens
   positions_BP = positions_from_mask(mask_BP)
-  cache = init_cache(cfg, B, P + C - 1)
+  cache = init_cache(cfg, B, cache_len)
   hidden_BPD, cache = Transformer(cfg).apply({"params": params}, prompt_BP, positions_BP, mask_BP,
                                              cache, return_hidden=True)
   logits_BV = lm_head(params, cfg, hidden_BPD[:, -1:])[:, 0]  # left-padded: last slot is real
@@ -254,14 +268,54 @@ def _decode_params(params, mesh):
 _decode_step_jit = jax.jit(_decode_step, static_argnames=_STATIC)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("max_new_tokens",),
-                   donate_argnames=("state",))
-def _decode_loop(params, state: SamplingState, sp: SamplingParams, *, cfg, max_new_tokens,
-                 mesh) -> SamplingState:
+def _grow_cache(state: SamplingState, cache_len: int) -> SamplingState:
+  """The state with its cache padded to `cache_len` slots (new slots empty and invalid)."""
+  cache = state.cache
+  extra = cache_len - cache.max_len
+  if extra == 0:
+    return state
+  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])
+  k_axis = 3 if cache.keys_transposed else 2
+  return state.replace(cache=cache.replace(k=tuple(pad(k, k_axis) for k in cache.k),
+                                           v=tuple(pad(v, 2) for v in cache.v),
+                                           valid_BS=pad(cache.valid_BS, 1)))
+
+
+def decode_stages(prompt_len: int, max_new_tokens: int, stages: int) -> tuple[tuple[int, int], ...]:
+  """The decode loop's stages as (end, cache slots): stage i runs loop iterations t < end_i (t =
+  completion tokens so far; iteration t writes slot prompt_len + t - 1 and attends to the slots
+  up to it) on a cache of that many slots, so attention reads the filled part of the cache, to
+  within a stage, instead of all prompt_len + max_new_tokens - 1 slots. The stages split the
+  completion into `stages` spans of equal width (a multiple of 8 tokens); fewer when the
+  completion is too short for that many."""
+  P, C = prompt_len, max_new_tokens
+  width = _round_up(max(1, -(-(C - 1) // max(stages, 1))), 8)
+  out, filled = [], 0
+  while True:
+    filled = min(filled + width, C - 1)
+    out.append((filled + 1, P + filled))
+    if filled >= C - 1:
+      return tuple(out)
+
+
+def _decode_loop_fn(params, state: SamplingState, cache: KVCache, sp: SamplingParams, *, cfg,
+                    stages, mesh) -> SamplingState:
+  """The decode loop: one `while_loop` per stage (`decode_stages`), the cache padded between."""
   params = _decode_params(params, mesh)
-  cond = lambda s: (s.t < max_new_tokens) & ~jnp.all(s.done_B)
+  state = state.replace(cache=cache)
   body = lambda s: _decode_step(params, s, sp, cfg=cfg, mesh=mesh)
-  return jax.lax.while_loop(cond, body, state)
+  for end, cache_len in stages:
+    state = _constrain(_grow_cache(state, cache_len), mesh)
+    cond = lambda s, end=end: (s.t < end) & ~jnp.all(s.done_B)
+    state = jax.lax.while_loop(cond, body, state)
+  return state
+
+
+# The state's buffers are reused for the result; a cache that grows between stages cannot be.
+_decode_loop = jax.jit(_decode_loop_fn, static_argnames=_STATIC + ("stages",),
+                       donate_argnames=("state", "cache"))
+_decode_loop_growing = jax.jit(_decode_loop_fn, static_argnames=_STATIC + ("stages",),
+                               donate_argnames=("state",))
 
 
 @jax.jit
@@ -314,12 +368,22 @@ class Sampler:
   prompt_buckets: sorted prompt lengths to pad to (default: powers of two from 8 up to
   cfg.max_seq_len). eos_id: an id, several ids, or None (no EOS stop). mesh: None for one device,
   else rows are sharded over the mesh's ("data", "fsdp") axes (parameters may be sharded already).
+  decode_stages: how many spans the completion is decoded in, each on a cache holding only the
+  slots filled by its end (`decode_stages`); each stage is one more `while_loop` in the compiled
+  program. None (default): one stage per 128 new tokens, at most 8, so completions up to 128
+  tokens run one loop over the whole cache.
   """
 
   def __init__(self, cfg: ModelConfig, *, max_new_tokens: int, eos_id: int | Sequence[int] | None,
-               pad_id: int, prompt_buckets: Sequence[int] | None = None, mesh=None):
+               pad_id: int, prompt_buckets: Sequence[int] | None = None, mesh=None,
+               decode_stages: int | None = None):
     if max_new_tokens < 1:
       raise ValueError(f"Sampler: {max_new_tokens=} must be >= 1")
+    if decode_stages is not None and decode_stages < 1:
+      raise ValueError(f"Sampler: {decode_stages=} must be >= 1 (or None for one per 128 tokens)")
+    self.decode_stages = decode_stages
+    # how many stages the completion is split into (decode_stages(); fewer if it is short)
+    self.stages = decode_stages or min(8, max(1, -(-max_new_tokens // 128)))
     self.cfg, self.max_new_tokens, self.pad_id, self.mesh = cfg, max_new_tokens, pad_id, mesh
     eos = () if eos_id is None else ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id)
     self.eos_ids = tuple(int(e) for e in eos)
@@ -407,22 +471,30 @@ class Sampler:
     real_B = self._place(np.arange(b_pad) < n, True)
     static = dict(cfg=self.cfg, mesh=self.mesh)
     prefill_args = (params, prompt_BP, mask_BP, real_B, rng, sp)
-    prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G)
+    stages = decode_stages(length, C, self.stages)
+    prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G, cache_len=stages[0][1])
     state = _prefill(*prefill_args, **prefill_kwargs)
     step_params = jax.eval_shape(functools.partial(_decode_params, mesh=self.mesh), params)
-    step_args = (step_params,) + jax.tree.map(shape_struct, (state, sp))
-    state = _decode_loop(params, state, sp, max_new_tokens=C, **static)
-    steps_run = int(state.t) - 1
+    state_struct = jax.tree.map(shape_struct, state)
+    loop = _decode_loop if len(stages) == 1 else _decode_loop_growing
+    state = loop(params, state.replace(cache=None), state.cache, sp, stages=stages, **static)
+    t_final = int(state.t)
+    steps_run = t_final - 1
 
     cut = (lambda x: x) if b_pad == n else (lambda x: x[:n * G])
+    starts = [1] + [end for end, _ in stages[:-1]]
+    stage_ts = [(a, end) for a, (end, _) in zip(starts, stages)]
     useful_prefill, useful_decode = _useful_flops(self.cfg, [len(p) for p in prompts],
-                                                  jax.device_get(cut(state.lengths_B)))
-    calls = [
-        ProgramCall("rollout/prefill", _prefill, jax.tree.map(shape_struct, prefill_args),
-                    prefill_kwargs, calls=1, useful=useful_prefill),
-        ProgramCall("rollout/decode", _decode_step_jit, step_args, dict(static), calls=steps_run,
-                    useful=useful_decode),
-    ]
+                                                  jax.device_get(cut(state.lengths_B)), stage_ts)
+    calls = [ProgramCall("rollout/prefill", _prefill, jax.tree.map(shape_struct, prefill_args),
+                         prefill_kwargs, calls=1, useful=useful_prefill)]
+    for (a, end), (_, cache_len), useful in zip(stage_ts, stages, useful_decode):
+      ran = max(0, min(end, t_final) - a)
+      if ran or a == 1:  # the first stage is recorded even when no step ran
+        grown = jax.eval_shape(functools.partial(_grow_cache, cache_len=cache_len), state_struct)
+        step_args = (step_params,) + jax.tree.map(shape_struct, (grown, sp))
+        calls.append(ProgramCall("rollout/decode", _decode_step_jit, step_args, dict(static),
+                                 calls=ran, useful=useful))
     rep = lambda x: jnp.repeat(x, G, axis=0)
     return RolloutResult(
         prompt_BP=cut(rep(prompt_BP)), prompt_mask_BP=cut(rep(mask_BP)),

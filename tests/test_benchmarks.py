@@ -291,20 +291,27 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
 
 
 def test_rollout_vs_hf_toy_writes_consistent_json(tmp_path):
-  """The sampler benchmark end to end at toy size: both sides run, the JSON renders."""
+  """The sampler benchmark end to end at toy size: both sides run, the JSON renders; decoded in
+  two stages, one loop over the whole cache is timed beside them."""
   out = tmp_path / "r.json"
   proc = subprocess.run([sys.executable, os.path.join(BENCH, "rollout_vs_hf.py"), "--size", "toy",
-                         "--prompts", "2", "--samples", "2", "--new-tokens", "4", "--reps", "1",
-                         "--modes", "sample", "--out", str(out)],
+                         "--prompts", "2", "--samples", "2", "--new-tokens", "20", "--reps", "1",
+                         "--modes", "sample", "--decode-stages", "2", "--out", str(out)],
                         capture_output=True, text=True, check=False, timeout=600)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
   res = json.loads(out.read_text())
   e = res["sizes"]["toy"]["modes"]["sample"]
-  assert res["sizes"]["toy"]["rows"] == 4 and e["tokens"] == 16
+  assert res["sizes"]["toy"]["rows"] == 4 and e["tokens"] == 80
   assert e["speedup"] == pytest.approx(e["hf_s"] / e["smjax_s"])
   assert e["smjax_floor_fraction"] == pytest.approx(
       e["smjax_useful_flops"] / e["smjax_s"] / res["matmul_flops_per_s"])
-  assert "| toy (0.1M) | sample |" in render.bench_markdown(res)
+  assert res["sizes"]["toy"]["decode_stages"] == 2 and e["stages_same_tokens"] is True
+  assert e["stages_rows_same"] == 4
+  assert e["stages_speedup"] == pytest.approx(e["smjax_one_loop_s"] / e["smjax_s"])
+  assert e["smjax_one_loop_compiled_flops"] > e["smjax_compiled_flops"]
+  md = render.bench_markdown(res)
+  assert "| toy (0.1M) | sample |" in md and "| decode stages vs one loop |" in md
+  assert f"| 2 stages **{e['stages_speedup']:.2f}x** |" in md
 
 
 def test_rollout_vs_hf_tunix_columns_and_refusal(tmp_path):
@@ -343,6 +350,32 @@ def test_decode_profile_interval_merge_and_scopes():
   assert scopes == {"dot.3": "jit(f)/while/body/Transformer/layers_0/mlp/dot_general"}
   part = next(name for name, test in dp.PARTS if test(scopes["dot.3"]))
   assert part.startswith("MLP")
+
+
+def test_decode_profile_matmuls_alone_cover_the_step():
+  """The shapes timed alone are every matmul of a decode step: their FLOPs are the analytic dense
+  FLOPs of one token per row (no attention); the timing and the rendered table hold together."""
+  import jax
+  from smjax.flops import analytic_flops
+  from smjax.models.transformer import ModelConfig
+  dp = _load("decode_profile")
+  cfg = ModelConfig(vocab_size=96, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                    d_ff=48, max_seq_len=64)
+  shapes = dp.decode_matmuls(cfg, rows=6)
+  assert 2 * sum(m * k * n * c for _, m, k, n, c in shapes) == analytic_flops(
+      cfg, tokens=6, context_len=0, backward=False)
+  alone, dispatch = dp.matmuls_alone(jax, shapes, reps=3)
+  assert dispatch > 0 and [a["shape"] for a in alone] == [[m, k, n] for _, m, k, n, _ in shapes]
+  assert all(a["flops_per_s"] == pytest.approx(2 * m * k * n / (a["ms"] / 1e3))
+             for a, (_, m, k, n, _) in zip(alone, shapes))
+  data = dict(benchmark="decode_profile", command="c", cpu="cpu", threads=2, jax="0", date="d",
+              matmul_flops_per_s=1e11, rows=6, new_tokens=8, ms_per_step=1.0, floor_fraction=0.1,
+              categories=[dict(category="MLP", ms_per_step=0.5, share=1.0)], matmuls_alone=alone,
+              dispatch_ms=dispatch * 1e3, matmuls_alone_ms_per_step=0.25,
+              matmuls_alone_floor_fraction=0.4)
+  md = render.bench_markdown(data)
+  assert "0.25 ms per step; a step that took only that would be at 40 % of the matmul floor" in md
+  assert md.count("| q/k/v | 6 x 32 x 64 | 2 |") == 1
 
 
 def test_study_seeds_base_only_records_each_seeds_band_and_misses(tmp_path):

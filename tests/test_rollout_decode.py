@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import jax
+import pytest
 
 from smjax import rollout as ro
 from smjax.flops import compiled_flops
@@ -27,16 +28,19 @@ def _params():
   return jax.tree.map(lambda x: x * 4.0 if x.ndim >= 2 else x, params)  # peaked logits
 
 
-def _cases():
+def _cases(decode_stages=None, names=None):
   params = _params()
   rs = np.random.RandomState(1)
   prompts = [[int(t) for t in rs.randint(3, 96, rs.randint(3, 14))] for _ in range(3)]
   out = {}
-  s = ro.Sampler(CFG, max_new_tokens=12, eos_id=2, pad_id=0, prompt_buckets=(16,))
+  s = ro.Sampler(CFG, max_new_tokens=12, eos_id=2, pad_id=0, prompt_buckets=(16,),
+                 decode_stages=decode_stages)
   for name, kw in [("sampled", dict(num_samples=4)),
                    ("warm_topk", dict(num_samples=3, temperature=0.7, top_k=20, top_p=0.9)),
                    ("greedy", dict(num_samples=1, greedy=True)),
                    ("stops", dict(num_samples=4, stop_sequences=[[5, 7], [11]]))]:
+    if names and name not in names:
+      continue
     r = s.generate(params, prompts, jax.random.key(7), **kw)
     out[name] = dict(tokens=np.asarray(r.completion_BC).tolist(),
                      mask=np.asarray(r.completion_mask_BC).astype(int).tolist(),
@@ -46,15 +50,21 @@ def _cases():
   return out
 
 
+def _assert_same(got, want):
+  for name in got:
+    for field in ("tokens", "mask", "lengths", "steps_run"):
+      assert got[name][field] == want[name][field], (name, field)
+    assert np.abs(np.asarray(got[name]["logprobs"]) - want[name]["logprobs"]).max() <= 1e-5, name
+
+
 def test_same_tokens_as_the_previous_sampler():
   with open(os.path.join(HERE, "data", "rollout_golden.json")) as f:
     want = json.load(f)
   got = _cases()
   assert set(got) == set(want)
-  for name in want:
-    for field in ("tokens", "mask", "lengths", "steps_run"):
-      assert got[name][field] == want[name][field], (name, field)
-    assert np.abs(np.asarray(got[name]["logprobs"]) - want[name]["logprobs"]).max() <= 1e-5, name
+  _assert_same(got, want)
+  # decoded in two stages (slots 16+8, then 16+11), the same tokens (the cases of one program)
+  _assert_same(_cases(decode_stages=2, names=("sampled", "stops")), want)
   # the cases exercise what they are meant to: an EOS, a stop sequence, early-stopped rows
   assert min(want["sampled"]["lengths"]) < 12 and min(want["stops"]["lengths"]) < 12
 
@@ -88,3 +98,88 @@ def test_fuse_for_decode_moves_weights_without_changing_them():
   assert set(f_attn) == {"qkv", "qkv_bias", "o", "q_norm", "k_norm"}
   assert set(f_mlp) == {"gate_up", "down"}
   assert params["layers_1"]["attn"].keys() >= {"q", "k", "v"}  # the input is left as it was
+
+
+def test_decode_stages_split_the_completion_in_spans_of_eight():
+  # 39 fed tokens in 4 spans: width ceil(39 / 4) = 10, rounded up to 16 -> three stages
+  assert ro.decode_stages(16, 40, 4) == ((17, 32), (33, 48), (40, 55))
+  assert ro.decode_stages(16, 40, 1) == ((40, 55),)
+  assert ro.decode_stages(5, 1, 3) == ((1, 5),)  # no decode step: the prefill's cache only
+  assert ro.decode_stages(8, 9, 8) == ((9, 16),)
+  with pytest.raises(ValueError, match="decode_stages=0 must be >= 1"):
+    ro.Sampler(CFG, max_new_tokens=8, eos_id=None, pad_id=0, decode_stages=0)
+
+
+def test_staged_decode_same_tokens_and_less_attention():
+  """Three stages against one loop over the whole cache: the same completions; each stage's step
+  is compiled on its cache (fewer FLOPs for the shorter ones), the last is the one-loop step, and
+  the stages' steps and useful FLOPs add up to the one loop's."""
+  params = _params()
+  prompts = [[5, 6, 7, 9], [8, 9], [3] * 11]
+  kw = dict(max_new_tokens=40, eos_id=None, pad_id=0, prompt_buckets=(16,))
+  one = ro.Sampler(CFG, decode_stages=1, **kw).generate(params, prompts, jax.random.key(1),
+                                                        num_samples=2)
+  staged = ro.Sampler(CFG, decode_stages=3, **kw).generate(params, prompts, jax.random.key(1),
+                                                           num_samples=2)
+  np.testing.assert_array_equal(staged.completion_BC, one.completion_BC)
+  np.testing.assert_array_equal(staged.completion_mask_BC, one.completion_mask_BC)
+  np.testing.assert_allclose(staged.logprobs_BC, one.logprobs_BC, atol=1e-5)
+  dec1 = [c for c in one.program_calls if c.phase == "rollout/decode"]
+  dec3 = [c for c in staged.program_calls if c.phase == "rollout/decode"]
+  assert len(dec1) == 1 and len(dec3) == 3
+  assert [c.args[1].cache.max_len for c in dec3] == [32, 48, 55]
+  assert [c.calls for c in dec3] == [16, 16, 7] and sum(c.calls for c in dec3) == dec1[0].calls
+  per_call = [c.flops_per_call() for c in dec3]
+  assert per_call[0] < per_call[1] < per_call[2] == dec1[0].flops_per_call()
+  assert sum(c.flops() for c in dec3) < dec1[0].flops()
+  assert sum(c.useful for c in dec3) == pytest.approx(dec1[0].useful, rel=1e-12)
+  # the useful count of a stage: its fed tokens at their context, by hand (all rows run 40 tokens)
+  p_B = np.repeat([4, 2, 11], 2)
+  t = np.arange(1, 17)  # stage 0 feeds iterations t = 1..16, each attending p + t keys
+  ctx = sum((p + t).sum() for p in p_B)
+  want = ro.analytic_flops(CFG, tokens=16 * 6, context_len=ctx / (16 * 6), backward=False)
+  assert dec3[0].useful == pytest.approx(want, rel=1e-12)
+
+
+def test_staged_decode_stops_early_and_records_only_the_stages_that_ran():
+  params = _params()
+  kw = dict(max_new_tokens=40, eos_id=list(range(2, 10)), pad_id=0, prompt_buckets=(16,))
+  args = (params, [[5, 6, 7, 9], [8, 9]], jax.random.key(4))
+  r = ro.Sampler(CFG, decode_stages=3, **kw).generate(*args, num_samples=4)
+  r1 = ro.Sampler(CFG, decode_stages=1, **kw).generate(*args, num_samples=4)
+  np.testing.assert_array_equal(r.completion_BC, r1.completion_BC)
+  assert r.steps_run == r1.steps_run < 32, "the case is meant to stop in the second stage"
+  dec = [c for c in r.program_calls if c.phase == "rollout/decode"]
+  assert sum(c.calls for c in dec) == r.steps_run
+  assert len(dec) == 2 and all(c.calls > 0 for c in dec)  # stages start at t = 1, 17, 33
+
+
+def test_staged_decode_flops_equal_the_unrolled_generation():
+  """The ledger's decode records (each stage's step x its steps) against one compiled program
+  that runs the same stages unrolled, cache growth included. An unrolled program compiles to a
+  little more than its steps counted one by one (0.5 % here, one stage or two alike), so the
+  check is on what staging saves: the same FLOPs in the ledger as in the compiled programs."""
+  params = _params()
+  ledger, compiled = {}, {}
+  for n in (1, 2):
+    s = ro.Sampler(CFG, max_new_tokens=12, eos_id=None, pad_id=0, prompt_buckets=(16,),
+                   decode_stages=n)
+    r = s.generate(params, [[5, 6, 7], [8, 9]], jax.random.key(0), num_samples=2)
+    stages = ro.decode_stages(16, 12, n)
+    dec = [c for c in r.program_calls if c.phase == "rollout/decode"]
+    fused_params, state, sp = dec[0].args
+
+    def unrolled(params, state, sp, stages=stages):
+      t = 1
+      for end, cache_len in stages:
+        state = ro._grow_cache(state, cache_len)
+        for _ in range(t, end):
+          state = ro._decode_step(params, state, sp, cfg=CFG, mesh=None)
+        t = end
+      return state
+
+    assert [c.calls for c in dec] == ([11] if n == 1 else [8, 3])
+    ledger[n] = sum(c.flops() for c in dec)
+    compiled[n] = compiled_flops(jax.jit(unrolled), fused_params, state, sp)
+    assert ledger[n] == pytest.approx(compiled[n], rel=0.01)
+  assert ledger[1] - ledger[2] == compiled[1] - compiled[2] > 0

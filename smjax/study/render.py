@@ -283,6 +283,22 @@ def seeds_markdown(data: dict) -> str:
       "gain over base on its domains, points [95%] |", "|---|---|---|---|---|"] + rows) + "\n"
 
 
+def _matmuls_alone(data: dict) -> list[str]:
+  """decode_profile's matmuls timed alone, as a sentence and a table (none in older results)."""
+  if "matmuls_alone" not in data:
+    return []
+  peak = data["matmul_flops_per_s"]
+  rows = [f"| {m['matmul']} | {' x '.join(map(str, m['shape']))} | {m['per_step']} | "
+          f"{m['ms']:.3f} | {m['flops_per_s'] / 1e9:.0f} ({100 * m['flops_per_s'] / peak:.0f} %) |"
+          for m in data["matmuls_alone"]]
+  return ["", f"The step's matmuls, each jitted alone at the step's shapes (best of 50 calls, "
+              f"{1e3 * data['dispatch_ms']:.0f} µs of dispatch taken off): "
+              f"{data['matmuls_alone_ms_per_step']:.2f} ms per step; a step that took only that "
+              f"would be at {100 * data['matmuls_alone_floor_fraction']:.0f} % of the matmul "
+              "floor.", "", "| matmul | M x K x N | per step | ms alone | GFLOP/s (of the "
+              "floor's rate) |", "|---|---|---|---|---|"] + rows
+
+
 def bench_markdown(data: dict) -> str:
   """A benchmark result JSON (`benchmarks/rollout_vs_hf.py`, `benchmarks/decode_profile.py`) as
   markdown: the command and machine, then its table."""
@@ -293,12 +309,17 @@ def bench_markdown(data: dict) -> str:
     rows = [f"| {c['category']} | {c['ms_per_step']:.3f} | {100 * c['share']:.0f} % |"
             for c in data["categories"]]
     floor = 100 * data["floor_fraction"]
-    return "\n".join([head, "", f"{data['rows']} rows x {data['new_tokens']} new tokens, "
+    stages = data.get("decode_stages", 1)
+    staged = f" in {stages} decode stages" if stages > 1 else ""
+    return "\n".join([head, "", f"{data['rows']} rows x {data['new_tokens']} new tokens{staged}, "
                       f"{data['ms_per_step']:.2f} ms per decode step ({floor:.0f} % of the matmul "
                       "floor); the wall time in which each part's ops ran, per step (parts run "
                       "side by side on the threads, so they add up to more than the step):", "",
-                      "| part of the step | ms per step | share |", "|---|---|---|"] + rows) + "\n"
+                      "| part of the step | ms per step | share |", "|---|---|---|"] + rows
+                     + _matmuls_alone(data)) + "\n"
   tunix = any(e.get("tunix_s") for r in data["sizes"].values() for e in r["modes"].values())
+  staged = any(e.get("smjax_one_loop_s") for r in data["sizes"].values()
+               for e in r["modes"].values())
   rows = []
   for size, r in data["sizes"].items():
     for mode, e in r["modes"].items():
@@ -311,12 +332,18 @@ def bench_markdown(data: dict) -> str:
                 f"{100 * e['tunix_floor_fraction']:.0f} % |")
       elif tunix:
         row += " - | - | - |"
+      if staged and e.get("smjax_one_loop_s"):
+        row += (f" {e['tokens'] / e['smjax_one_loop_s']:,.0f} | {r['decode_stages']} stages "
+                f"**{e['stages_speedup']:.2f}x** |")
+      elif staged:
+        row += " - | - |"
       rows.append(row)
   r0 = next(iter(data["sizes"].values()))
   c = data["config"]
   columns = ("| model | mode | smjax tok/s | HF tok/s | smjax / HF | smjax, of floor | "
              "HF, of floor |" + (" Tunix tok/s | smjax / Tunix | Tunix, of floor |"
-                                 if tunix else ""))
+                                 if tunix else "") +
+             (" smjax in one loop, tok/s | decode stages vs one loop |" if staged else ""))
   return "\n".join([head, "", f"{r0['rows']} rows ({c['prompts']} prompts x {c['samples']} "
                     f"samples) x {c['new_tokens']} new tokens, prompts {c['prompt_len'][0]}-"
                     f"{c['prompt_len'][1]} tokens, EOS off on every side:", "",
