@@ -183,3 +183,15 @@ def test_staged_decode_flops_equal_the_unrolled_generation():
     compiled[n] = compiled_flops(jax.jit(unrolled), fused_params, state, sp)
     assert ledger[n] == pytest.approx(compiled[n], rel=0.01)
   assert ledger[1] - ledger[2] == compiled[1] - compiled[2] > 0
+
+
+def test_first_max_is_argmax_with_ties_and_nans():
+  x = np.array([[0.5, 2.0, 2.0, -1.0],       # tie: the first
+                [-np.inf, -np.inf, -3.0, -3.0],
+                [1.0, np.nan, 5.0, np.nan],   # a NaN: the first NaN, as argmax
+                [np.inf, 0.0, np.inf, 1.0]], np.float32)
+  rs = np.random.RandomState(0)
+  x = np.concatenate([x, rs.randn(64, 4).astype(np.float32).round(1)])  # many ties
+  got = ro.first_max(jax.numpy.asarray(x), jax.numpy.max(x, axis=-1, keepdims=True))
+  np.testing.assert_array_equal(np.asarray(got), np.argmax(x, axis=-1))
+  assert got.dtype == np.int32
