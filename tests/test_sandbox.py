@@ -205,7 +205,9 @@ def test_attack_fork_bomb(pool):
 
 def test_attack_memory_bomb(pool):
   prog = "def f(_):\n  x = [bytearray(1 << 26) for _ in range(200)]\n  return len(x)\n"
-  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=T, memory_mb=256)))
+  # What is tested is the memory limit, so the wall clock is generous: zero-filling 64 MB blocks
+  # on a loaded 2-core machine once ran past T and came back a timeout instead of MemoryError.
+  r = _run(pool, Job(prog, calls=((0,),), limits=Limits(timeout_s=10 * T, memory_mb=256)))
   assert not r.matches([200]) and r.outputs == [[0, "MemoryError"]], r
 
 
