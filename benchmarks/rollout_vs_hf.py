@@ -169,9 +169,10 @@ def main():
       assert np.asarray(res.completion_mask_BC).all() and res.steps_run == T - 1
       one_loop_times = None
       if one_loop:
-        same = ours(one_loop, 0).completion_BC, ours(sampler, 0).completion_BC
+        one_res = ours(one_loop, 0)
+        same = one_res.completion_BC, ours(sampler, 0).completion_BC
         one_loop_times = timed(lambda: ours(one_loop), args.reps)
-        one_loop_flops = sum(c.flops() for c in ours(one_loop).program_calls)
+        one_loop_flops = sum(c.flops() for c in one_res.program_calls)
 
       # HF prefills every row (its num_return_sequences expands the inputs the same way).
       prompt_BP = torch.tensor(np.asarray(res.prompt_BP), dtype=torch.long)

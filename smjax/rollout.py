@@ -129,8 +129,7 @@ class FullSequence:
 # ------------------------------------------------------------------------------------ FLOPs
 
 def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B,
-                  stage_ts: Sequence[tuple[int, int]] = ((1, 1 << 30),),
-                  ) -> tuple[float, list[float]]:
+                  stage_ts: Sequence[tuple[int, int]]) -> tuple[float, list[float]]:
   """(prefill, [decode per stage]) analytic FLOPs of the real tokens. Prefill: every prompt token
   once, logits at the last one. Decode: a row of completion length L forwards its first L-1 tokens,
   token j (0-based) at loop iteration t = j + 1, attending to prompt_len + t keys; a stage [a, b)
@@ -390,7 +389,6 @@ class Sampler:
       raise ValueError(f"Sampler: {max_new_tokens=} must be >= 1")
     if decode_stages is not None and decode_stages < 1:
       raise ValueError(f"Sampler: {decode_stages=} must be >= 1 (or None for one per 128 tokens)")
-    self.decode_stages = decode_stages
     # how many stages the completion is split into (decode_stages(); fewer if it is short)
     self.stages = decode_stages or min(8, max(1, -(-max_new_tokens // 128)))
     self.cfg, self.max_new_tokens, self.pad_id, self.mesh = cfg, max_new_tokens, pad_id, mesh
