@@ -16,10 +16,12 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -226,3 +228,104 @@ def run_peer(python: str, script: str, spec: dict, work_dir: str, *, timeout_s: 
     raise RuntimeError(f"peer {os.path.basename(script)} failed (exit {proc.returncode}):\n{tail}")
   with open(out_path) as f:
     return json.load(f)
+
+
+# ------------------------------------------------------------------------- a peer that serves
+
+# A serving peer answers one JSON line per request on its stdout, marked so that whatever else a
+# library prints there cannot be mistaken for an answer.
+_MARK = "@@peer "
+
+
+def serve(handlers: dict, ready: dict) -> None:
+  """A peer script's request loop (the peer side of PeerSession): announces `ready`, then answers
+  each request line `{"op": name, "args": {...}}` with `handlers[name](**args)` until `{"op":
+  "quit"}` or end of input. A handler's exception is answered with its traceback, then the peer
+  exits non-zero."""
+  def say(obj):
+    sys.stdout.write(_MARK + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+  say(dict(ready=ready))
+  for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "quit":
+      return
+    try:
+      say(dict(answer=handlers[req["op"]](**req.get("args", {}))))
+    except Exception:  # pylint: disable=broad-except
+      say(dict(error=traceback.format_exc()[-3000:]))
+      sys.exit(1)
+
+
+class PeerSession:
+  """A peer script kept running between requests, so that a benchmark can interleave its timed
+  rounds with the other sides' (a peer in its own venv cannot run in this process). Starts
+  `python script --spec spec.json --out <unused>` (this process's CPU affinity, thread variables
+  and environment, plus `extra_env`) and waits for it to announce itself; `ready` is what it
+  announced. `call` sends one request and returns the answer; `close` ends the peer. Every failure
+  (exit, error, no answer in time) raises RuntimeError with the peer's output tail."""
+
+  def __init__(self, python: str, script: str, spec: dict, work_dir: str, *, timeout_s: float,
+               extra_env: dict | None = None, log=print):
+    self.name = os.path.basename(script)
+    spec_path = os.path.join(work_dir, "spec.json")
+    with open(spec_path, "w") as f:
+      json.dump(spec, f)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.abspath(__file__)),
+               **(extra_env or {}))
+    log(f"starting peer: {python} {self.name} (serving; start-up timeout {timeout_s:.0f} s)")
+    self._err_path = os.path.join(work_dir, "peer_stderr.txt")
+    self._err = open(self._err_path, "w")  # pylint: disable=consider-using-with
+    self._proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        [python, script, "--spec", spec_path, "--out", os.path.join(work_dir, "unused.json")],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+    self._buf, self._seen = b"", []
+    self.ready = self._read(timeout_s)["ready"]
+
+  def call(self, op: str, *, timeout_s: float, **args):
+    self._proc.stdin.write((json.dumps(dict(op=op, args=args)) + "\n").encode())
+    self._proc.stdin.flush()
+    return self._read(timeout_s)["answer"]
+
+  def close(self) -> None:
+    if self._proc.poll() is None:
+      try:
+        self._proc.stdin.write(b'{"op": "quit"}\n')
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+      except (OSError, subprocess.TimeoutExpired):
+        self._proc.kill()
+        self._proc.wait()
+    self._err.close()
+
+  def _fail(self, why: str):
+    self._proc.kill()
+    self._proc.wait()
+    self._err.close()
+    with open(self._err_path, errors="replace") as f:
+      tail = ("\n".join(self._seen) + "\n" + f.read())[-4000:]
+    raise RuntimeError(f"peer {self.name} {why}:\n{tail}")
+
+  def _read(self, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    fd = self._proc.stdout.fileno()
+    while True:
+      while b"\n" in self._buf:
+        line, self._buf = self._buf.split(b"\n", 1)
+        text = line.decode(errors="replace")
+        if text.startswith(_MARK):
+          msg = json.loads(text[len(_MARK):])
+          if "error" in msg:
+            self._seen.append(msg["error"])
+            self._fail("failed")
+          return msg
+        self._seen = (self._seen + [text])[-50:]
+      left = deadline - time.monotonic()
+      if left <= 0:
+        self._fail(f"gave no answer within {timeout_s:.0f} s")
+      if select.select([fd], [], [], left)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+          self._proc.wait()
+          self._fail(f"exited (code {self._proc.returncode}) without an answer")
+        self._buf += chunk

@@ -1,7 +1,9 @@
 """The Tunix side of benchmarks/rollout_vs_hf.py --tunix; runs inside the Tunix venv, not smjax's.
 
-Usage (the driver does this): `<envs-dir>/tunix/bin/python _peer_tunix_sampler.py --spec s.json
---out r.json`.
+Usage (the driver does this, through `_peer_common.PeerSession`): `<envs-dir>/tunix/bin/python
+_peer_tunix_sampler.py --spec s.json --out unused.json`; it then serves timing requests on stdin
+(`{"op": "run", "args": {"mode": "sample", "reps": 1}}`), so the driver can interleave its rounds
+with the other sides'.
 
 The model is Tunix's own Qwen3 (`tunix.models.qwen3`), loaded from the same safetensors directory
 the other sides load (`params.create_model_from_safe_tensors`), on a one-device ("fsdp", "tp")
@@ -18,7 +20,6 @@ top_p None Tunix decodes greedily), "greedy" is temperature 0. What is timed: on
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -29,7 +30,7 @@ from _peer_tunix import WordTokenizer
 
 
 def main():
-  spec, out_path = common.read_spec(__doc__.split("\n\n")[0])
+  spec, _ = common.read_spec(__doc__.split("\n\n")[0])
   from importlib import metadata  # pylint: disable=import-outside-toplevel
 
   import jax  # pylint: disable=import-outside-toplevel
@@ -47,8 +48,9 @@ def main():
   mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
   G, T, bucket = spec["samples"], spec["new_tokens"], spec["prompt_bucket"]
   strings = [common.ids_to_text(p) for p in spec["prompts"] for _ in range(G)]
-  result = dict(threads=len(os.sched_getaffinity(0)), jax=jax.__version__,
-                tunix=metadata.version("google-tunix"), rows=len(strings), modes={})
+  ready = dict(threads=len(os.sched_getaffinity(0)), jax=jax.__version__,
+               tunix=metadata.version("google-tunix"), rows=len(strings), modes={})
+  seeds = iter(range(1_000_000))
   with mesh:
     model = qwen3_params.create_model_from_safe_tensors(spec["model_dir"], cfg, mesh,
                                                         dtype=jnp.float32)
@@ -56,30 +58,27 @@ def main():
         model, WordTokenizer(),
         sampler_lib.CacheConfig(cache_size=bucket + T + 1, num_layers=d["layers"],
                                 num_kv_heads=d["kv_heads"], head_dim=d["head_dim"]))
-    for mode in spec["modes"]:
-      kw = dict(temperature=0.0) if mode == "greedy" else dict(temperature=1.0, top_p=1.0)
-      seeds = iter(range(10_000))
+    kws = {mode: dict(temperature=0.0) if mode == "greedy" else dict(temperature=1.0, top_p=1.0)
+           for mode in spec["modes"]}
 
-      def run():
-        out = sampler(strings, max_generation_steps=T, max_prompt_length=bucket,
-                      eos_tokens=[d["vocab"]], seed=next(seeds), **kw)
-        jax.block_until_ready(out.tokens)
-        return out
+    def call(mode):
+      out = sampler(strings, max_generation_steps=T, max_prompt_length=bucket,
+                    eos_tokens=[d["vocab"]], seed=next(seeds), **kws[mode])
+      jax.block_until_ready(out.tokens)
+      return out
 
+    for mode, kw in kws.items():
       t0 = time.perf_counter()
-      first_out = run()
+      first_out = call(mode)
       first = time.perf_counter() - t0
       lengths = sorted({len(np.asarray(t)) for t in first_out.tokens})
       if lengths != [T]:
         raise RuntimeError(f"Tunix sampler returned completions of lengths {lengths}, "
                            f"expected {T} each (EOS is an id the model cannot emit)")
-      times = common.timed(run, spec["reps"])
-      result["modes"][mode] = dict(common.summary(times), first_call_s=first,
-                                   what="Sampler.__call__: tokenise, prefill, decode loop, "
-                                        "detokenise; " + ", ".join(f"{k}={v}"
-                                                                   for k, v in kw.items()))
-  with open(out_path, "w") as f:
-    json.dump(result, f, indent=2)
+      ready["modes"][mode] = dict(
+          first_call_s=first, what="Sampler.__call__: tokenise, prefill, decode loop, "
+                                   "detokenise; " + ", ".join(f"{k}={v}" for k, v in kw.items()))
+    common.serve(dict(run=lambda mode, reps: common.timed(lambda: call(mode), reps)), ready)
 
 
 if __name__ == "__main__":

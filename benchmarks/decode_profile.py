@@ -99,11 +99,13 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--new-tokens", type=int, default=64)
   ap.add_argument("--decode-stages", type=int, default=None,
-                  help="the Sampler's decode_stages (default: its own, one per 128 new tokens)")
+                  help="the Sampler's decode_stages (default: its own, one per 32 new tokens, "
+                       "at most 8)")
   ap.add_argument("--out", default="bench_results/decode_profile.json")
   args = ap.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
   from jax._src.lib import _profile_data  # pylint: disable=import-outside-toplevel
+  from smjax import decode as dec  # pylint: disable=import-outside-toplevel
   from smjax import rollout as ro  # pylint: disable=import-outside-toplevel
   from smjax.models.transformer import ModelConfig, init_params  # pylint: disable=import-outside-toplevel
 
@@ -166,7 +168,7 @@ def main() -> int:
   out = dict(benchmark="decode_profile", command="python benchmarks/decode_profile.py "
              + " ".join(sys.argv[1:]), cpu=_cpu(), threads=len(os.sched_getaffinity(0)),
              jax=jax.__version__, date=datetime.date.today().isoformat(), rows=rows,
-             new_tokens=new_tokens, decode_stages=len(ro.decode_stages(32, new_tokens,
+             new_tokens=new_tokens, decode_stages=len(dec.decode_stages(32, new_tokens,
                                                                       sampler.stages)),
              generate_s=seconds, steps=steps,
              ms_per_step=seconds / (steps + 1) * 1e3, matmul_flops_per_s=peak,

@@ -19,16 +19,9 @@ u[r] = uniform(fold_in(rng, r), [C]) is drawn once at prefill. A row's draws do 
 batch size, the sharding or the other rows: G copies of a prompt sampled from one shared prefill
 give exactly the tokens G separate copies of the prompt would.
 
-Decode step (docs/performance.md, `benchmarks/decode_profile.py`): the cache keeps its keys
-transposed ([B, K, H, S], `KVCache.keys_transposed`) so that attention over it is two plain
-products per row and kv head (`decode_attend`), the loop runs on `fuse_for_decode` parameters
-(q/k/v and gate/up each one matmul) when unsharded, and plain sampling (temperature 1, no top-k /
-top-p) draws from the same exp pass that gives the log-prob. None of it changes a token: the same
-key gives the same completions as the general path, up to float rounding in the logits.
-
-Long completions decode in stages (`decode_stages`): each stage is its own `while_loop` on a
-cache padded to the slots filled by the stage's end, so attention reads the filled part of the
-cache (to within a stage) rather than all P + C - 1 slots; the tokens are those of one loop.
+The device programs (the decode loop's state, sampling, prefill, the decode loop in stages and
+why the step is laid out as it is) are in smjax.decode; this module is the host side that runs
+them and accounts for them.
 
 FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and, per
 decode stage, the separately jitted single decode step on that stage's cache (the exact loop
@@ -50,43 +43,13 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from smjax import sharding as shd
+from smjax.decode import (SamplingParams, decode_loop, decode_loop_growing, decode_params,
+                          decode_stages, decode_step_jit, grow_cache, prefill)
 from smjax.flops import ProgramCall, analytic_flops, shape_struct
-from smjax.sampling import filter_top_k_top_p, inverse_cdf, inverse_cdf_weights
-from smjax.models.transformer import (KVCache, ModelConfig, Transformer, fuse_for_decode,
-                                      init_cache, lm_head, positions_from_mask, transpose_keys)
-
-
-@flax.struct.dataclass
-class SamplingParams:
-  """Per-call sampling settings as arrays, so changing them (greedy included) does not recompile."""
-  greedy: jax.Array        # bool scalar
-  filtering: jax.Array     # bool scalar: top-k or top-p active (skips the vocab sort otherwise)
-  temperature: jax.Array   # f32 scalar
-  top_k: jax.Array         # i32 scalar, 0 = off
-  top_p: jax.Array         # f32 scalar, 1 = off
-  pad_id: jax.Array        # i32 scalar
-  eos_ids: jax.Array       # i32 [eos slots], -1 = unused slot
-  stop_tokens: jax.Array   # i32 [stop sequences, window], right-aligned, -1 = matches anything
-  stop_valid: jax.Array    # bool [stop sequences]
-
-
-@flax.struct.dataclass
-class SamplingState:
-  """The decode loop's carry: everything per row lives on device."""
-  t: jax.Array               # i32 scalar: completion tokens produced so far = next column
-  last_B: jax.Array          # i32: token to feed next
-  position_B: jax.Array      # i32: its RoPE position
-  cache: KVCache
-  uniform_BC: jax.Array      # f32: the uniform that draws each token (see module docstring)
-  tokens_BC: jax.Array
-  mask_BC: jax.Array
-  logprobs_BC: jax.Array
-  done_B: jax.Array
-  lengths_B: jax.Array
-  recent_tokens: jax.Array   # i32 [B, window]: the last emitted tokens, for stop sequences
+from smjax.models.transformer import ModelConfig, positions_from_mask
 
 
 @dataclasses.dataclass
@@ -148,184 +111,6 @@ def _useful_flops(cfg: ModelConfig, prompt_lens, lengths_B,
   return float(prefill), decode
 
 
-# --------------------------------------------------------------------------------- sampling
-
-def first_max(logits_BV, max_B1):
-  """`jnp.argmax(logits_BV, -1)` (the first maximum; the first NaN if any) given the row maxima
-  `max_B1` (NaN where a row has one): a compare and an integer min, which XLA:CPU vectorises,
-  where its argmax is a two-operand reduction several times slower at a [64, 4096] decode step."""
-  V = logits_BV.shape[-1]
-  hit_BV = (logits_BV == max_B1) | jnp.isnan(logits_BV)
-  return jnp.min(jnp.where(hit_BV, jnp.arange(V, dtype=jnp.int32), V), axis=-1)
-
-
-def _sample(logits_BV, u_B, sp: SamplingParams):
-  """(token, policy log-prob at temperature 1) per row.
-
-  The log-prob's exp(logits - max) pass is the sampling weights at temperature 1 without top-k /
-  top-p (the GRPO default), so that case draws from it instead of taking a second pass."""
-  logits_BV = logits_BV.astype(jnp.float32)
-  max_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
-  w_BV = jnp.exp(logits_BV - max_B1)
-  lse_B = max_B1[:, 0] + jnp.log(jnp.sum(w_BV, axis=-1))
-
-  def warped(_):
-    scaled_BV = logits_BV / sp.temperature
-    scaled_BV = jax.lax.cond(sp.filtering, filter_top_k_top_p, lambda x, *_: x, scaled_BV,
-                             sp.top_k, sp.top_p)
-    return inverse_cdf(u_B, scaled_BV)
-
-  def sampled(_):
-    plain = ~sp.filtering & (sp.temperature == 1.0)
-    return jax.lax.cond(plain, lambda _: inverse_cdf_weights(u_B, w_BV), warped, None)
-
-  greedy = lambda _: first_max(logits_BV, max_B1)
-  tok_B = jax.lax.cond(sp.greedy, greedy, sampled, None)
-  picked_B = jnp.take_along_axis(logits_BV, tok_B[:, None], axis=-1)[:, 0]
-  return tok_B, picked_B - lse_B
-
-
-def _advance(state: SamplingState, logits_BV, sp: SamplingParams):
-  """Samples completion token `state.t` for every row, records it, updates per-row stops."""
-  u_B = jax.lax.dynamic_index_in_dim(state.uniform_BC, state.t, axis=1, keepdims=False)
-  tok_B, lp_B = _sample(logits_BV, u_B, sp)
-  live_B = ~state.done_B
-  tok_B = jnp.where(live_B, tok_B, sp.pad_id)
-  recent_tokens = jnp.concatenate([state.recent_tokens[:, 1:], tok_B[:, None]], axis=1)
-  hit_eos_B = jnp.any(tok_B[:, None] == sp.eos_ids[None, :], axis=-1)
-  match = (sp.stop_tokens[None] == recent_tokens[:, None]) | (sp.stop_tokens[None] < 0)
-  hit_stop_B = jnp.any(jnp.all(match, axis=-1) & sp.stop_valid[None], axis=-1)
-  col = lambda buf, v: buf.at[:, state.t].set(v)
-  return state.replace(
-      t=state.t + 1, last_B=tok_B, tokens_BC=col(state.tokens_BC, tok_B),
-      mask_BC=col(state.mask_BC, live_B),
-      logprobs_BC=col(state.logprobs_BC, jnp.where(live_B, lp_B, 0.0)),
-      done_B=state.done_B | (live_B & (hit_eos_B | hit_stop_B)),
-      lengths_B=state.lengths_B + live_B.astype(jnp.int32), recent_tokens=recent_tokens)
-
-
-def _constrain(state: SamplingState, mesh) -> SamplingState:
-  """Rows over the batch mesh axes; other dims left to the compiler."""
-  if mesh is None:
-    return state
-  def put(x):
-    if x.ndim == 0:
-      return x
-    spec = PartitionSpec(shd.BATCH_AXES, *([PartitionSpec.UNCONSTRAINED] * (x.ndim - 1)))
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
-  return jax.tree.map(put, state)
-
-
-# ------------------------------------------------------------------------- jitted programs
-
-_STATIC = ("cfg", "mesh")
-
-
-@functools.partial(jax.jit,
-                   static_argnames=_STATIC + ("max_new_tokens", "num_samples", "cache_len"))
-def _prefill(params, prompt_BP, mask_BP, real_B, rng, sp: SamplingParams, *, cfg, max_new_tokens,
-             num_samples, cache_len, mesh) -> SamplingState:
-  """Prompt forward once, cache (`cache_len` slots: the first decode stage's) repeated G times,
-  completion token 0 sampled for every row."""
-  B, P = prompt_BP.shape
-  G, C = num_samples, max_new_tokens
-  positions_BP = positions_from_mask(mask_BP)
-  cache = init_cache(cfg, B, cache_len)
-  hidden_BPD, cache = Transformer(cfg).apply({"params": params}, prompt_BP, positions_BP, mask_BP,
-                                             cache, return_hidden=True)
-  logits_BV = lm_head(params, cfg, hidden_BPD[:, -1:])[:, 0]  # left-padded: last slot is real
-  rep = lambda x: jnp.repeat(x, G, axis=0)
-  cache = transpose_keys(KVCache(k=tuple(map(rep, cache.k)), v=tuple(map(rep, cache.v)),
-                                valid_BS=rep(cache.valid_BS), index=cache.index))
-  R = B * G
-  if jax.dtypes.issubdtype(rng.dtype, jax.dtypes.prng_key):
-    rng = jax.random.key_data(rng)
-  rng = jax.random.wrap_key_data(rng)
-  uniform_BC = jax.vmap(lambda r: jax.random.uniform(jax.random.fold_in(rng, r), (C,)))(
-      jnp.arange(R))
-  window = sp.stop_tokens.shape[1]
-  state = SamplingState(
-      t=jnp.zeros((), jnp.int32), last_B=jnp.zeros((R,), jnp.int32),
-      position_B=rep(jnp.sum(mask_BP, axis=1, dtype=jnp.int32)), cache=cache,
-      uniform_BC=uniform_BC,
-      tokens_BC=jnp.full((R, C), sp.pad_id, jnp.int32), mask_BC=jnp.zeros((R, C), bool),
-      logprobs_BC=jnp.zeros((R, C), jnp.float32),
-      done_B=~rep(real_B), lengths_B=jnp.zeros((R,), jnp.int32),
-      recent_tokens=jnp.full((R, window), -1, jnp.int32))
-  state = _advance(_constrain(state, mesh), rep(logits_BV), sp)
-  return _constrain(state, mesh)
-
-
-def _decode_step(params, state: SamplingState, sp: SamplingParams, *, cfg, mesh) -> SamplingState:
-  """One loop iteration: feed the last token, sample the next."""
-  B = state.last_B.shape[0]
-  logits_B1V, cache = Transformer(cfg).apply({"params": params}, state.last_B[:, None],
-                                             state.position_B[:, None], jnp.ones((B, 1), bool),
-                                             state.cache)
-  state = state.replace(cache=cache, position_B=state.position_B + 1)
-  return _constrain(_advance(state, logits_B1V[:, 0], sp), mesh)
-
-
-def _decode_params(params, mesh):
-  """The decode loop's parameters: fused projections on one device (`fuse_for_decode`), as they
-  are on a mesh, whose sharded weights a concatenation would move."""
-  return fuse_for_decode(params) if mesh is None else params
-
-
-# A separately jitted single step: its cost analysis is the per-iteration cost of the loop.
-_decode_step_jit = jax.jit(_decode_step, static_argnames=_STATIC)
-
-
-def _grow_cache(state: SamplingState, cache_len: int) -> SamplingState:
-  """The state with its cache padded to `cache_len` slots (new slots empty and invalid)."""
-  cache = state.cache
-  extra = cache_len - cache.max_len
-  if extra == 0:
-    return state
-  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis else 0) for a in range(x.ndim)])
-  k_axis = 3 if cache.keys_transposed else 2
-  return state.replace(cache=cache.replace(k=tuple(pad(k, k_axis) for k in cache.k),
-                                           v=tuple(pad(v, 2) for v in cache.v),
-                                           valid_BS=pad(cache.valid_BS, 1)))
-
-
-def decode_stages(prompt_len: int, max_new_tokens: int, stages: int) -> tuple[tuple[int, int], ...]:
-  """The decode loop's stages as (end, cache slots): stage i runs loop iterations t < end_i (t =
-  completion tokens so far; iteration t writes slot prompt_len + t - 1 and attends to the slots
-  up to it) on a cache of that many slots, so attention reads the filled part of the cache, to
-  within a stage, instead of all prompt_len + max_new_tokens - 1 slots. The stages split the
-  completion into `stages` spans of equal width (a multiple of 8 tokens); fewer when the
-  completion is too short for that many."""
-  P, C = prompt_len, max_new_tokens
-  width = _round_up(max(1, -(-(C - 1) // max(stages, 1))), 8)
-  out, filled = [], 0
-  while True:
-    filled = min(filled + width, C - 1)
-    out.append((filled + 1, P + filled))
-    if filled >= C - 1:
-      return tuple(out)
-
-
-def _decode_loop_fn(params, state: SamplingState, cache: KVCache, sp: SamplingParams, *, cfg,
-                    stages, mesh) -> SamplingState:
-  """The decode loop: one `while_loop` per stage (`decode_stages`), the cache padded between."""
-  params = _decode_params(params, mesh)
-  state = state.replace(cache=cache)
-  body = lambda s: _decode_step(params, s, sp, cfg=cfg, mesh=mesh)
-  for end, cache_len in stages:
-    state = _constrain(_grow_cache(state, cache_len), mesh)
-    cond = lambda s, end=end: (s.t < end) & ~jnp.all(s.done_B)
-    state = jax.lax.while_loop(cond, body, state)
-  return state
-
-
-# The state's buffers are reused for the result; a cache that grows between stages cannot be.
-_decode_loop = jax.jit(_decode_loop_fn, static_argnames=_STATIC + ("stages",),
-                       donate_argnames=("state", "cache"))
-_decode_loop_growing = jax.jit(_decode_loop_fn, static_argnames=_STATIC + ("stages",),
-                               donate_argnames=("state",))
-
-
 @jax.jit
 def _full_sequence(prompt_BP, prompt_mask_BP, completion_BC, completion_mask_BC) -> FullSequence:
   mask_BS = jnp.concatenate([prompt_mask_BP, completion_mask_BC], axis=1)
@@ -369,6 +154,10 @@ def pad_prompts(prompts: Sequence[Sequence[int]], *, length: int, pad_id: int, r
   return tok, mask
 
 
+# The default decode stages (Sampler): one per STAGE_TOKENS new tokens, at most MAX_STAGES.
+STAGE_TOKENS, MAX_STAGES = 32, 8
+
+
 class Sampler:
   """Group rollouts from a model config. Programs compile once per (prompt bucket, number of
   prompts, num_samples); greedy, temperature, top-k/p, EOS ids and most stop sets are arguments.
@@ -378,8 +167,10 @@ class Sampler:
   else rows are sharded over the mesh's ("data", "fsdp") axes (parameters may be sharded already).
   decode_stages: how many spans the completion is decoded in, each on a cache holding only the
   slots filled by its end (`decode_stages`); each stage is one more `while_loop` in the compiled
-  program. None (default): one stage per 128 new tokens, at most 8, so completions up to 128
-  tokens run one loop over the whole cache.
+  program. None (default): one stage per `STAGE_TOKENS` (32) new tokens, at most `MAX_STAGES`
+  (8), so completions up to 32 tokens run one loop over the whole cache (docs/performance.md: at
+  64 rows x 64 tokens two stages beat one loop, at 512 tokens eight beat four; spans of 8 tokens
+  cost more than they save).
   """
 
   def __init__(self, cfg: ModelConfig, *, max_new_tokens: int, eos_id: int | Sequence[int] | None,
@@ -388,9 +179,10 @@ class Sampler:
     if max_new_tokens < 1:
       raise ValueError(f"Sampler: {max_new_tokens=} must be >= 1")
     if decode_stages is not None and decode_stages < 1:
-      raise ValueError(f"Sampler: {decode_stages=} must be >= 1 (or None for one per 128 tokens)")
+      raise ValueError(f"Sampler: {decode_stages=} must be >= 1 (or None for one per "
+                       f"{STAGE_TOKENS} tokens)")
     # how many stages the completion is split into (decode_stages(); fewer if it is short)
-    self.stages = decode_stages or min(8, max(1, -(-max_new_tokens // 128)))
+    self.stages = decode_stages or min(MAX_STAGES, max(1, -(-max_new_tokens // STAGE_TOKENS)))
     self.cfg, self.max_new_tokens, self.pad_id, self.mesh = cfg, max_new_tokens, pad_id, mesh
     eos = () if eos_id is None else ((eos_id,) if isinstance(eos_id, (int, np.integer)) else eos_id)
     self.eos_ids = tuple(int(e) for e in eos)
@@ -480,10 +272,10 @@ class Sampler:
     prefill_args = (params, prompt_BP, mask_BP, real_B, rng, sp)
     stages = decode_stages(length, C, self.stages)
     prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G, cache_len=stages[0][1])
-    state = _prefill(*prefill_args, **prefill_kwargs)
-    step_params = jax.eval_shape(functools.partial(_decode_params, mesh=self.mesh), params)
+    state = prefill(*prefill_args, **prefill_kwargs)
+    step_params = jax.eval_shape(functools.partial(decode_params, mesh=self.mesh), params)
     state_struct = jax.tree.map(shape_struct, state)
-    loop = _decode_loop if len(stages) == 1 else _decode_loop_growing
+    loop = decode_loop if len(stages) == 1 else decode_loop_growing
     state = loop(params, state.replace(cache=None), state.cache, sp, stages=stages, **static)
     t_final = int(state.t)
     steps_run = t_final - 1
@@ -493,14 +285,14 @@ class Sampler:
     stage_ts = [(a, end) for a, (end, _) in zip(starts, stages)]
     useful_prefill, useful_decode = _useful_flops(self.cfg, [len(p) for p in prompts],
                                                   jax.device_get(cut(state.lengths_B)), stage_ts)
-    calls = [ProgramCall("rollout/prefill", _prefill, jax.tree.map(shape_struct, prefill_args),
+    calls = [ProgramCall("rollout/prefill", prefill, jax.tree.map(shape_struct, prefill_args),
                          prefill_kwargs, calls=1, useful=useful_prefill)]
     for (a, end), (_, cache_len), useful in zip(stage_ts, stages, useful_decode):
       ran = max(0, min(end, t_final) - a)
       if ran or a == 1:  # the first stage is recorded even when no step ran
-        grown = jax.eval_shape(functools.partial(_grow_cache, cache_len=cache_len), state_struct)
+        grown = jax.eval_shape(functools.partial(grow_cache, cache_len=cache_len), state_struct)
         step_args = (step_params,) + jax.tree.map(shape_struct, (grown, sp))
-        calls.append(ProgramCall("rollout/decode", _decode_step_jit, step_args, dict(static),
+        calls.append(ProgramCall("rollout/decode", decode_step_jit, step_args, dict(static),
                                  calls=ran, useful=useful))
     rep = lambda x: jnp.repeat(x, G, axis=0)
     return RolloutResult(

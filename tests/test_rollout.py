@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from hf_models import tiny_hf_model
+from smjax import decode as dec
 from smjax import rollout as ro
 from smjax.flops import analytic_flops
 from smjax.models import hf
@@ -249,8 +250,8 @@ def test_loop_ends_when_every_row_is_done_and_steps_are_counted(tiny):
   np.testing.assert_array_equal(np.asarray(res.lengths_B), lengths)
   np.testing.assert_array_equal(np.asarray(res.completion_mask_BC), mask)
   assert free.steps_run == 15 and res.steps_run == lengths.max() - 1
-  pre, dec = res.program_calls
-  assert (pre.phase, pre.calls, dec.phase, dec.calls) == ("rollout/prefill", 1, "rollout/decode",
+  pre, step = res.program_calls
+  assert (pre.phase, pre.calls, step.phase, step.calls) == ("rollout/prefill", 1, "rollout/decode",
                                                           res.steps_run)
 
 
@@ -290,7 +291,7 @@ def test_deterministic_per_key_and_no_recompile(tiny):
   sampler = ro.Sampler(cfg, eos_id=None, **TINY_RUN)
   prompts = _tiny_prompts(7)
   a = sampler.generate(params, prompts, jax.random.key(1), num_samples=G)
-  sizes = (ro._prefill._cache_size(), ro._decode_loop._cache_size())
+  sizes = (dec.prefill._cache_size(), dec.decode_loop._cache_size())
   b = sampler.generate(params, prompts, jax.random.key(1), num_samples=G)
   c = sampler.generate(params, prompts, jax.random.key(2), num_samples=G)
   np.testing.assert_array_equal(np.asarray(a.completion_BC), np.asarray(b.completion_BC))
@@ -303,7 +304,7 @@ def test_deterministic_per_key_and_no_recompile(tiny):
   sampler.generate(params, other, jax.random.key(3), num_samples=G, greedy=True,
                    stop_sequences=[[1, 2, 3]])
   ro.Sampler(cfg, eos_id=3, **TINY_RUN).generate(params, other, jax.random.key(3), num_samples=G)
-  assert (ro._prefill._cache_size(), ro._decode_loop._cache_size()) == sizes
+  assert (dec.prefill._cache_size(), dec.decode_loop._cache_size()) == sizes
 
 
 def _hand_forward_flops(cfg, *, tokens, context, logit_tokens=None):
@@ -321,11 +322,11 @@ def test_program_flops_match_analytic(tiny):
   prompts = _tiny_prompts(9)
   res = ro.Sampler(cfg, eos_id=None, **TINY_RUN).generate(params, prompts, jax.random.key(0),
                                                           num_samples=G)
-  pre, dec = res.program_calls
+  pre, step = res.program_calls
   rows, slots = 4 * G, 8 + 16 - 1
   padded = _hand_forward_flops(cfg, tokens=rows, context=slots)
-  assert 0.8 * padded < dec.flops_per_call() < 2.0 * padded, (dec.flops_per_call(), padded)
-  assert dec.calls == 15 and dec.flops() == dec.flops_per_call() * 15
+  assert 0.8 * padded < step.flops_per_call() < 2.0 * padded, (step.flops_per_call(), padded)
+  assert step.calls == 15 and step.flops() == step.flops_per_call() * 15
   # The prefill call's arguments lower as recorded; HLO-level cost (no compile needed here).
   pre_flops = pre.fn.lower(*pre.args, **pre.kwargs).cost_analysis()["flops"]
   prefill_padded = _hand_forward_flops(cfg, tokens=4 * 8, context=4.5, logit_tokens=4)
@@ -333,7 +334,7 @@ def test_program_flops_match_analytic(tiny):
   # useful: real tokens only; each row forwards 15 decode tokens, token j attending to L + j + 1.
   L = np.repeat([len(p) for p in prompts], G).astype(float)
   ctx = (15 * L + 15 * 16 / 2).sum()
-  assert dec.useful == pytest.approx(_hand_forward_flops(cfg, tokens=rows * 15,
+  assert step.useful == pytest.approx(_hand_forward_flops(cfg, tokens=rows * 15,
                                                          context=ctx / (rows * 15)))
   assert pre.useful == pytest.approx(_hand_forward_flops(
       cfg, tokens=sum(map(len, prompts)),

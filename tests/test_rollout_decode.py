@@ -14,6 +14,7 @@ import numpy as np
 import jax
 import pytest
 
+from smjax import decode as dec
 from smjax import rollout as ro
 from smjax.flops import compiled_flops
 from smjax.models.transformer import ModelConfig, fuse_for_decode, init_params
@@ -80,7 +81,7 @@ def test_decode_step_flops_equal_the_general_path():
   general_state = state.replace(cache=state.cache.replace(
       k=tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in state.cache.v),
       keys_transposed=False))
-  general = compiled_flops(ro._decode_step_jit, jax.eval_shape(lambda: params), general_state,
+  general = compiled_flops(dec.decode_step_jit, jax.eval_shape(lambda: params), general_state,
                            sp, cfg=CFG, mesh=None)
   assert call.flops_per_call() == general > 0
 
@@ -102,12 +103,15 @@ def test_fuse_for_decode_moves_weights_without_changing_them():
 
 def test_decode_stages_split_the_completion_in_spans_of_eight():
   # 39 fed tokens in 4 spans: width ceil(39 / 4) = 10, rounded up to 16 -> three stages
-  assert ro.decode_stages(16, 40, 4) == ((17, 32), (33, 48), (40, 55))
-  assert ro.decode_stages(16, 40, 1) == ((40, 55),)
-  assert ro.decode_stages(5, 1, 3) == ((1, 5),)  # no decode step: the prefill's cache only
-  assert ro.decode_stages(8, 9, 8) == ((9, 16),)
+  assert dec.decode_stages(16, 40, 4) == ((17, 32), (33, 48), (40, 55))
+  assert dec.decode_stages(16, 40, 1) == ((40, 55),)
+  assert dec.decode_stages(5, 1, 3) == ((1, 5),)  # no decode step: the prefill's cache only
+  assert dec.decode_stages(8, 9, 8) == ((9, 16),)
   with pytest.raises(ValueError, match="decode_stages=0 must be >= 1"):
     ro.Sampler(CFG, max_new_tokens=8, eos_id=None, pad_id=0, decode_stages=0)
+  # the default: one stage per 32 new tokens, at most 8
+  default = lambda C: ro.Sampler(CFG, max_new_tokens=C, eos_id=None, pad_id=0).stages
+  assert [default(C) for C in (1, 32, 33, 64, 100, 256, 257, 4096)] == [1, 1, 2, 2, 4, 8, 8, 8]
 
 
 def test_staged_decode_same_tokens_and_less_attention():
@@ -149,9 +153,9 @@ def test_staged_decode_stops_early_and_records_only_the_stages_that_ran():
   r1 = ro.Sampler(CFG, decode_stages=1, **kw).generate(*args, num_samples=4)
   np.testing.assert_array_equal(r.completion_BC, r1.completion_BC)
   assert r.steps_run == r1.steps_run < 32, "the case is meant to stop in the second stage"
-  dec = [c for c in r.program_calls if c.phase == "rollout/decode"]
-  assert sum(c.calls for c in dec) == r.steps_run
-  assert len(dec) == 2 and all(c.calls > 0 for c in dec)  # stages start at t = 1, 17, 33
+  steps = [c for c in r.program_calls if c.phase == "rollout/decode"]
+  assert sum(c.calls for c in steps) == r.steps_run
+  assert len(steps) == 2 and all(c.calls > 0 for c in steps)  # stages start at t = 1, 17, 33
 
 
 def test_staged_decode_flops_equal_the_unrolled_generation():
@@ -165,21 +169,21 @@ def test_staged_decode_flops_equal_the_unrolled_generation():
     s = ro.Sampler(CFG, max_new_tokens=12, eos_id=None, pad_id=0, prompt_buckets=(16,),
                    decode_stages=n)
     r = s.generate(params, [[5, 6, 7], [8, 9]], jax.random.key(0), num_samples=2)
-    stages = ro.decode_stages(16, 12, n)
-    dec = [c for c in r.program_calls if c.phase == "rollout/decode"]
-    fused_params, state, sp = dec[0].args
+    stages = dec.decode_stages(16, 12, n)
+    steps = [c for c in r.program_calls if c.phase == "rollout/decode"]
+    fused_params, state, sp = steps[0].args
 
     def unrolled(params, state, sp, stages=stages):
       t = 1
       for end, cache_len in stages:
-        state = ro._grow_cache(state, cache_len)
+        state = dec.grow_cache(state, cache_len)
         for _ in range(t, end):
-          state = ro._decode_step(params, state, sp, cfg=CFG, mesh=None)
+          state = dec.decode_step(params, state, sp, cfg=CFG, mesh=None)
         t = end
       return state
 
-    assert [c.calls for c in dec] == ([11] if n == 1 else [8, 3])
-    ledger[n] = sum(c.flops() for c in dec)
+    assert [c.calls for c in steps] == ([11] if n == 1 else [8, 3])
+    ledger[n] = sum(c.flops() for c in steps)
     compiled[n] = compiled_flops(jax.jit(unrolled), fused_params, state, sp)
     assert ledger[n] == pytest.approx(compiled[n], rel=0.01)
   assert ledger[1] - ledger[2] == compiled[1] - compiled[2] > 0
@@ -192,6 +196,6 @@ def test_first_max_is_argmax_with_ties_and_nans():
                 [np.inf, 0.0, np.inf, 1.0]], np.float32)
   rs = np.random.RandomState(0)
   x = np.concatenate([x, rs.randn(64, 4).astype(np.float32).round(1)])  # many ties
-  got = ro.first_max(jax.numpy.asarray(x), jax.numpy.max(x, axis=-1, keepdims=True))
+  got = dec.first_max(jax.numpy.asarray(x), jax.numpy.max(x, axis=-1, keepdims=True))
   np.testing.assert_array_equal(np.asarray(got), np.argmax(x, axis=-1))
   assert got.dtype == np.int32
