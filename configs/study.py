@@ -12,8 +12,8 @@ alone, the previous default) instead of the chain form.
 
 Expected result: docs/study.md (the demo's table and verdicts, generated from
 docs/demo_report.json); `two_domain,full`: docs/study.md#the-full-studies (generated from
-docs/study_two_full_main_report.json, claims (a), (b) under the stop rule, and the run before
-it, docs/archive/fixed_budget/study_two_full_report.json, for (c), (d)). `four_domain`: its base recipe lands in the band on seeds 0-4
+docs/study_two_full_report.json: every arm, three seeds, claims (a)-(d) with intervals; about three
+hours on 2 cores). `four_domain`: its base recipe lands in the band on seeds 0-4
 (docs/four_domain_band.json, docs/study.md#four-domains); its full study has not been run in the
 chain regime yet.
 """
