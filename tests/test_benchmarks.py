@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from smjax.study import render
+from smjax.study import bench_tables, render
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 sys.path.insert(0, BENCH)
@@ -318,7 +318,7 @@ def test_rollout_vs_hf_toy_writes_consistent_json(tmp_path):
   assert e["stages_speedup"] == pytest.approx(np.median(
       [pair("smjax_one_loop", r) / pair("smjax", r) for r in range(3)]))
   assert e["smjax_one_loop_compiled_flops"] > e["smjax_compiled_flops"]
-  md = render.bench_markdown(res)
+  md = bench_tables.bench_markdown(res)
   assert "| toy (0.1M) | sample |" in md and "| decode stages vs one loop |" in md
   lo, hi = min(e["stages_speedup_rounds"]), max(e["stages_speedup_rounds"])
   assert f"| 2 stages **{e['stages_speedup']:.2f}x** [{lo:.2f}, {hi:.2f}] |" in md
@@ -346,7 +346,7 @@ def test_rollout_vs_hf_goals_by_the_median_over_rounds():
   args.new_tokens = 32
   assert rvh.goals(res, args) == []
   e.update(smjax_tokens_per_s=1.0, hf_tokens_per_s=1.0, hf_floor_fraction=0.1)
-  md = render.bench_markdown(dict(
+  md = bench_tables.bench_markdown(dict(
       benchmark="rollout_vs_hf", command="c", cpu="cpu", threads=2, jax="0", date="d",
       matmul_flops_per_s=1e11, goals=[hf, tunix, floor], config=dict(
           prompts=16, samples=4, new_tokens=64, prompt_len=[16, 32], reps=1),
@@ -404,7 +404,7 @@ def test_rollout_vs_hf_tunix_columns_and_refusal(tmp_path):
              cpu="cpu", threads=2, jax="0", date="d", matmul_flops_per_s=1e11,
              config=dict(prompts=16, samples=4, new_tokens=64, prompt_len=[16, 32]),
              sizes={"mid": dict(params=12.6e6, rows=64, modes={"sample": e})})
-  md = render.bench_markdown(res)
+  md = bench_tables.bench_markdown(res)
   assert "| Tunix tok/s | smjax / Tunix | Tunix, of floor |" in md
   assert ("| mid (12.6M) | sample | 2,000 | 500 | **4.00x** | 40 % | 10 % | 800 | **2.50x** | "
           "16 % |") in md
@@ -453,7 +453,7 @@ def test_decode_profile_matmuls_alone_cover_the_step():
               categories=[dict(category="MLP", ms_per_step=0.5, share=1.0)], matmuls_alone=alone,
               dispatch_ms=dispatch * 1e3, matmuls_alone_ms_per_step=0.25,
               matmuls_alone_floor_fraction=0.4)
-  md = render.bench_markdown(data)
+  md = bench_tables.bench_markdown(data)
   assert "0.25 ms per step; a step that took only that would be at 40 % of the matmul floor" in md
   assert md.count("| q/k/v | 6 x 32 x 64 | 2 |") == 1
 
