@@ -157,9 +157,11 @@ def test_a_target_not_always_reached_is_open_above_and_nan_is_undefined():
   assert 0 < s["undefined"] < 200 and (s["mean"], s["lo"], s["hi"]) == (0, 0, 0)
   json.dumps(rep, allow_nan=False)
   # jsonable and number, both ways.
-  v = {"mean": 1.0, "lo": -math.inf, "hi": math.inf, "std": math.nan, "n": 2}
+  v = {"mean": 1.0, "lo": -math.inf, "hi": math.inf, "std": math.nan, "n": 2,
+       "per_seed": [math.nan, 1.0]}
   j = stats.jsonable(v)
-  assert j == {"mean": 1.0, "lo": "-inf", "hi": "inf", "std": None, "n": 2}
+  assert j == {"mean": 1.0, "lo": "-inf", "hi": "inf", "std": None, "n": 2,
+               "per_seed": [None, 1.0]}
   assert [stats.number(j[x]) for x in ("lo", "hi")] == [-math.inf, math.inf]
   assert math.isnan(stats.number(j["std"]))
 
@@ -178,3 +180,6 @@ def test_nan_and_infinite_seeds_are_counted():
   assert x["mean"] == 1.5 and x["undefined"] == 2 and (x["lo"], x["hi"]) == (1.5, 1.5)
   assert y["mean"] == math.inf and y["missing"] == 1 and y["std"] == 0.0  # over finite seeds
   assert (y["lo"], y["hi"]) == (math.inf, math.inf)
+  # each seed's own value (all its prompts), in seed order; strict JSON keeps inf as a string
+  assert x["per_seed"] == [1.0, 2.0] and y["per_seed"] == [math.inf, 1.0]
+  assert stats.jsonable(y)["per_seed"] == ["inf", 1.0]

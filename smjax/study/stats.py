@@ -107,7 +107,8 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict[st
               confidence: float) -> dict[str, dict]:
   """Every figure `per_seed(seed, idx)` returns ({name: value}), as its mean over seeds with
   its interval over the replicates: {name: {"mean", "lo", "hi", "std" (over seeds), "n",
-  "missing" (seeds where it is nan or infinite), "undefined" (replicates left out)}}."""
+  "missing" (seeds where it is nan or infinite), "undefined" (replicates left out), "per_seed"
+  (each seed's value on all its prompts, in the order of `point`'s seeds)}}."""
 
   def over(draw):
     seeds, idx = draw
@@ -126,7 +127,8 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict[st
     out[name] = {"mean": _mean(xs), "lo": lo, "hi": hi,
                  "std": float(np.std(finite, ddof=1)) if finite.size > 1 else 0.0,
                  "n": len(xs), "missing": int(x.size - finite.size),
-                 "undefined": int(sum(math.isnan(m) for m in means)), "confidence": confidence}
+                 "undefined": int(sum(math.isnan(m) for m in means)), "confidence": confidence,
+                 "per_seed": [float(v) for v in xs]}
   return out
 
 
@@ -139,8 +141,11 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def jsonable(v: dict) -> dict:
-  """A summary with +-inf as the strings "inf"/"-inf" and nan as None (strict JSON)."""
+  """A summary with +-inf as the strings "inf"/"-inf" and nan as None (strict JSON), in lists
+  too."""
   def f(x):
+    if isinstance(x, list):
+      return [f(y) for y in x]
     if isinstance(x, float) and math.isinf(x):
       return "inf" if x > 0 else "-inf"
     if isinstance(x, float) and math.isnan(x):
