@@ -288,19 +288,14 @@ def goals(results: dict, args) -> list[dict]:
       if key not in e:
         continue
       if key == "smjax_floor_fraction":  # per round: that round's median smjax time
-        per_round = [e["smjax_useful_flops"] / statistics.median(rnd) / results[
-            "matmul_flops_per_s"] for rnd in _chunks(e["smjax_runs_s"], e["rounds"])]
+        per_round = [e["smjax_useful_flops"] / t / results["matmul_flops_per_s"]
+                     for t in e["smjax_rounds_s"]]
       else:
         per_round = e[f"{key}_rounds"]
       out.append(dict(size=size, goal=goal, target=target, value=e[key], low=min(per_round),
                       high=max(per_round), rounds=len(per_round),
                       rounds_met=sum(v >= target for v in per_round), met=e[key] >= target))
   return out
-
-
-def _chunks(xs: list, n: int) -> list[list]:
-  k = len(xs) // n
-  return [xs[i * k:(i + 1) * k] for i in range(n)]
 
 
 def _entry(runs: dict, tokens: int, res, peak: float) -> dict:
@@ -311,7 +306,8 @@ def _entry(runs: dict, tokens: int, res, peak: float) -> dict:
   flops = sum(c.flops() for c in res.program_calls)
   useful = sum(c.useful for c in res.program_calls)
   e = dict(tokens=tokens, rounds=len(runs["smjax"]), smjax_compiled_flops=flops,
-           smjax_useful_flops=useful, smjax_gflops_per_s=flops / med["smjax"] / 1e9)
+           smjax_useful_flops=useful, smjax_gflops_per_s=flops / med["smjax"] / 1e9,
+           smjax_rounds_s=[statistics.median(rnd) for rnd in runs["smjax"]])
   for name, key in (("smjax", "smjax"), ("hf", "hf"), ("tunix", "tunix"),
                     ("one_loop", "smjax_one_loop")):
     if name in runs:

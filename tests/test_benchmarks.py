@@ -310,6 +310,7 @@ def test_rollout_vs_hf_toy_writes_consistent_json(tmp_path):
   assert e["speedup_rounds"] == pytest.approx(rounds)
   assert e["speedup"] == pytest.approx(np.median(rounds))
   assert e["smjax_s"] == pytest.approx(np.median(e["smjax_runs_s"]))
+  assert e["smjax_rounds_s"] == pytest.approx([pair("smjax", r) for r in range(3)])
   assert res["goals"] == []  # 4 rows x 20 tokens is no GRPO-sized batch
   assert e["smjax_floor_fraction"] == pytest.approx(
       e["smjax_useful_flops"] / e["smjax_s"] / res["matmul_flops_per_s"])
@@ -329,7 +330,7 @@ def test_rollout_vs_hf_goals_by_the_median_over_rounds():
   """The goals at a GRPO-sized batch: met by the median over rounds, with the rounds that met it
   counted; smaller batches get none; the table prints each ratio's range over rounds."""
   rvh = _load("rollout_vs_hf")
-  e = dict(rounds=3, smjax_runs_s=[1.0, 2.0, 1.0], smjax_useful_flops=4e10, smjax_s=1.0,
+  e = dict(rounds=3, smjax_rounds_s=[1.0, 2.0, 1.0], smjax_useful_flops=4e10, smjax_s=1.0,
            smjax_floor_fraction=0.4, speedup=3.1, speedup_rounds=[2.9, 3.1, 3.3],
            speedup_vs_tunix=1.9, speedup_vs_tunix_rounds=[1.9, 1.8, 2.2])
   res = dict(matmul_flops_per_s=1e11, sizes={"small": dict(rows=64, modes={"sample": e}),
