@@ -45,6 +45,11 @@ PARTS = (  # (part, test on the op's jax scope), first match wins
 )
 
 
+# The sampler's jitted decode loops, as smjax.rollout names them (imported from smjax.decode and
+# called through rollout's globals): replaced for one call to capture the arguments to compile.
+LOOPS = ("decode_loop", "decode_loop_growing")
+
+
 def op_scopes(hlo_text: str) -> dict[str, str]:
   """HLO instruction name -> its jax scope (metadata op_name)."""
   out = {}
@@ -118,7 +123,7 @@ def main() -> int:
   sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(32,),
                        decode_stages=args.decode_stages)
   captured = {}
-  loops = {name: getattr(ro, name) for name in ("_decode_loop", "_decode_loop_growing")}
+  loops = {name: getattr(ro, name) for name in LOOPS}
 
   def capture(name):
     def call(*a, **k):

@@ -433,6 +433,26 @@ def test_decode_profile_interval_merge_and_scopes():
   assert part.startswith("MLP")
 
 
+def test_decode_profile_captures_the_loops_the_sampler_calls(monkeypatch):
+  """The profile swaps rollout's decode loops for one call to capture their arguments: the names
+  it swaps must be the ones Sampler.generate calls (a rename once left it failing at start)."""
+  import jax
+  from smjax import rollout as ro
+  from smjax.models.transformer import ModelConfig, init_params
+  dp = _load("decode_profile")
+  called = []
+  for name in dp.LOOPS:
+    loop = getattr(ro, name)
+    monkeypatch.setattr(ro, name, lambda *a, _n=name, _l=loop, **k: called.append(_n) or _l(*a, **k))
+  cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
+                    d_ff=32, max_seq_len=64)
+  params = init_params(cfg, jax.random.key(0))
+  for stages in (1, 2):
+    ro.Sampler(cfg, max_new_tokens=17, eos_id=None, pad_id=0, decode_stages=stages).generate(
+        params, [[3, 4, 5]], jax.random.key(1), num_samples=2)
+  assert called == list(dp.LOOPS)
+
+
 def test_decode_profile_matmuls_alone_cover_the_step():
   """The shapes timed alone are every matmul of a decode step: their FLOPs are the analytic dense
   FLOPs of one token per row (no attention); the timing and the rendered table hold together."""

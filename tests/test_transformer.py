@@ -139,6 +139,41 @@ def test_every_parameter_has_logical_axes():
     assert len(spec) == p.ndim and all(isinstance(a, str) for a in spec)
 
 
+def test_decode_step_rope_tables_computed_once_and_values_unchanged():
+  """A one-token decode step (the sampler's loop body) evaluates its RoPE tables once too: unfenced,
+  XLA:CPU evaluated them again in every layer's q and k rotation, per head (8 cosines here), a
+  tenth of the sampler benchmark's decode step. Logits and cache equal those of unfenced tables."""
+  from smjax.models import transformer as tr  # pylint: disable=import-outside-toplevel
+  cfg = get_preset("toy-small")
+  assert cfg.n_layers >= 4
+  params = fuse_for_decode(init_params(cfg, jax.random.key(0)))
+  B, S = 3, 16
+  rng = np.random.RandomState(1)
+  cache = transpose_keys(init_cache(cfg, B, S))
+  cache = cache.replace(
+      k=tuple(jnp.asarray(rng.randn(*k.shape), k.dtype) for k in cache.k),
+      v=tuple(jnp.asarray(rng.randn(*v.shape), v.dtype) for v in cache.v),
+      valid_BS=jnp.asarray(rng.rand(B, S) < 0.7), index=jnp.asarray(9, jnp.int32))
+  toks = jnp.asarray(rng.randint(0, cfg.vocab_size, (B, 1)), jnp.int32)
+  positions = jnp.asarray([[9], [5], [7]], jnp.int32)
+  step = lambda p, pos, c: Transformer(cfg).apply({"params": p}, toks, pos, jnp.ones((B, 1), bool), c)
+  hlo = jax.jit(step).lower(params, positions, cache).compile().as_text()
+  # Both branches of the CPU fence hold one cosine each; nothing else may.
+  assert hlo.count(" cosine(") <= 2, hlo.count(" cosine(")
+  fenced = jax.jit(step)(params, positions, cache)
+  original = tr.rope_cos_sin
+  try:
+    tr.rope_cos_sin = lambda pos, inv: (lambda a: (jnp.cos(a), jnp.sin(a)))(
+        pos[..., None].astype(jnp.float32) * inv)
+    unfenced_step = jax.jit(lambda p, pos, c: step(p, pos, c))
+    assert unfenced_step.lower(params, positions, cache).compile().as_text().count(" cosine(") > 2
+    unfenced = unfenced_step(params, positions, cache)
+  finally:
+    tr.rope_cos_sin = original
+  for a, b in zip(jax.tree.leaves(fenced), jax.tree.leaves(unfenced)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_rope_tables_computed_once_and_values_unchanged():
   """The RoPE cos/sin tables are evaluated once per call, not fused into every layer's q and k (and
   their gradients), and fencing them changes no value: the gradient equals that of rotations

@@ -145,10 +145,10 @@ def rope_cos_sin(positions_BT: jax.Array, inv_freq: jax.Array) -> tuple[jax.Arra
   # layer, forward and backward. XLA:CPU drops optimization barriers before it fuses (a toy-small
   # forward then held 8 cosines, its gradient 16), so there the tables come out of a conditional,
   # which no fusion crosses; its predicate is always true in practice and both branches are the
-  # same, so it never changes a value (the step stays bit-identical, and faster). Elsewhere the
-  # barrier stands, and a one-token decode step, whose tables are tiny, skips the conditional.
-  if positions_BT.shape[-1] == 1:
-    return jax.lax.optimization_barrier(tables(angles_BT_half))
+  # same, so it never changes a value (the step stays bit-identical, and faster). A one-token
+  # decode step needs the fence as much: its tables are small, but unfenced every layer's q and k
+  # RoPE evaluated them again per head (24x the trig of the 64 x 32 tables at the sampler
+  # benchmark's size, a tenth of the step). Elsewhere the barrier stands.
   def fenced_cpu(a):
     return jax.lax.cond(jnp.min(positions_BT) > jnp.iinfo(jnp.int32).min, tables, tables, a)
   return jax.lax.platform_dependent(
