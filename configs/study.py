@@ -14,9 +14,8 @@ Expected result: docs/study.md (the demo's table and verdicts, generated from
 docs/demo_report.json); `two_domain,full`: docs/study.md#the-full-studies (generated from
 docs/study_two_full_report.json: every arm, three seeds, claims (a)-(d) with intervals; about three
 hours on 2 cores). `four_domain`: its base recipe lands in the band on seeds 0-4
-(docs/four_domain_band.json, docs/study.md#four-domains); its full study's main comparison (three
-seeds, claims (a) and (b)) is docs/study_four_full_report.json; its external- and self-teacher
-arms have not finished yet.
+(docs/four_domain_band.json, docs/study.md#four-domains); its full study (every arm, three seeds,
+claims (a)-(d) with intervals; about three hours on 2 cores) is docs/study_four_full_report.json.
 """
 
 from smjax.study.config import parse_arg, study_defaults
