@@ -1,5 +1,7 @@
 """The decoder against `transformers` (torch CPU), and its cache and padding contracts."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -139,11 +141,23 @@ def test_every_parameter_has_logical_axes():
     assert len(spec) == p.ndim and all(isinstance(a, str) for a in spec)
 
 
+@contextlib.contextmanager
+def _unfenced_rope():
+  """The decoder with RoPE tables computed in place, no fence (what the fence must equal)."""
+  from smjax.models import transformer as tr  # pylint: disable=import-outside-toplevel
+  original = tr.rope_cos_sin
+  tr.rope_cos_sin = lambda pos, inv: (lambda a: (jnp.cos(a), jnp.sin(a)))(
+      pos[..., None].astype(jnp.float32) * inv)
+  try:
+    yield
+  finally:
+    tr.rope_cos_sin = original
+
+
 def test_decode_step_rope_tables_computed_once_and_values_unchanged():
   """A one-token decode step (the sampler's loop body) evaluates its RoPE tables once too: unfenced,
   XLA:CPU evaluated them again in every layer's q and k rotation, per head (8 cosines here), a
   tenth of the sampler benchmark's decode step. Logits and cache equal those of unfenced tables."""
-  from smjax.models import transformer as tr  # pylint: disable=import-outside-toplevel
   cfg = get_preset("toy-small")
   assert cfg.n_layers >= 4
   params = fuse_for_decode(init_params(cfg, jax.random.key(0)))
@@ -161,15 +175,10 @@ def test_decode_step_rope_tables_computed_once_and_values_unchanged():
   # Both branches of the CPU fence hold one cosine each; nothing else may.
   assert hlo.count(" cosine(") <= 2, hlo.count(" cosine(")
   fenced = jax.jit(step)(params, positions, cache)
-  original = tr.rope_cos_sin
-  try:
-    tr.rope_cos_sin = lambda pos, inv: (lambda a: (jnp.cos(a), jnp.sin(a)))(
-        pos[..., None].astype(jnp.float32) * inv)
+  with _unfenced_rope():
     unfenced_step = jax.jit(lambda p, pos, c: step(p, pos, c))
     assert unfenced_step.lower(params, positions, cache).compile().as_text().count(" cosine(") > 2
     unfenced = unfenced_step(params, positions, cache)
-  finally:
-    tr.rope_cos_sin = original
   for a, b in zip(jax.tree.leaves(fenced), jax.tree.leaves(unfenced)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
@@ -178,7 +187,6 @@ def test_rope_tables_computed_once_and_values_unchanged():
   """The RoPE cos/sin tables are evaluated once per call, not fused into every layer's q and k (and
   their gradients), and fencing them changes no value: the gradient equals that of rotations
   computed from unfenced tables. Without the fence XLA:CPU evaluated 16 cosines in this gradient."""
-  from smjax.models import transformer as tr  # pylint: disable=import-outside-toplevel
   cfg = get_preset("toy-small")
   assert cfg.n_layers >= 4
   model = Transformer(cfg)
@@ -195,12 +203,7 @@ def test_rope_tables_computed_once_and_values_unchanged():
   # Both branches of the CPU fence hold one cosine each; nothing else may.
   assert hlo.count(" cosine(") <= 2, hlo.count(" cosine(")
   fenced = grad(params, positions)
-  original = tr.rope_cos_sin
-  try:
-    tr.rope_cos_sin = lambda pos, inv: (lambda a: (jnp.cos(a), jnp.sin(a)))(
-        pos[..., None].astype(jnp.float32) * inv)
+  with _unfenced_rope():
     unfenced = jax.jit(jax.grad(loss))(params, positions)
-  finally:
-    tr.rope_cos_sin = original
   for a, b in zip(jax.tree.leaves(fenced), jax.tree.leaves(unfenced)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
