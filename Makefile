@@ -51,7 +51,7 @@ demo: $(VENV)/.core sandbox-tools malloc-tools
 # seed_<s>.log there), then one run over every seed finds their phases finished and writes the report.
 STUDY ?= two_domain,full
 STUDY_WORKDIR ?= runs/study_full
-STUDY_SEEDS ?= 0 1 2
+STUDY_SEEDS ?= 0 1 2 3 4
 study: $(VENV)/.core sandbox-tools malloc-tools
 	@mkdir -p $(STUDY_WORKDIR); pids=""; \
 	for s in $(STUDY_SEEDS); do \

@@ -146,7 +146,8 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
 
 # A base phase of a few steps on a small held-out set: seconds, and it writes checkpoints.
 _QUICK_BASE = ("--config.phases=('base',)", "--config.base.steps=5", "--config.band.check=False",
-               "--config.heldout_size=16", "--config.eval.samples=1", "--config.progress=False")
+               "--config.heldout_size=16", "--config.stop_size=16", "--config.eval.samples=1",
+               "--config.progress=False")
 
 
 def _one_error_line(p, *parts):

@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MINI = [
     "--config=configs/study.py:two_domain,demo",
     "--config.seeds=(0,)", "--config.progress=False", "--config.heldout_size=16",
+    "--config.stop_size=16",
     "--config.eval.batch_size=16", "--config.eval.points=3", "--config.base.steps=20",
     "--config.joint.steps=6", "--config.experts.steps=6", "--config.mopd.steps=6",
     "--config.external.teacher_sft_steps=4", "--config.external.steps=4",
@@ -73,9 +74,17 @@ def test_report_fields_and_files(study):
     assert a["flops_total"]["mean"] > 0 and a["response_length"]["mean"] > 0
     assert "flops_to_target" in a, sorted(a)
     if arm != "joint_grpo":     # the reference has no saving against itself
-      assert "saving_total" in a and "saving_at_target" in a, sorted(a)
+      assert "saving_at_target" in a and "saving_total" not in a, sorted(a)
   assert rep["arms"]["split_merge"]["distillation_share_run"]["mean"] > 0
-  assert rep["verdicts"] and all("intervals" in v for v in rep["verdicts"])
+  # The frontier at every level, read both ways; the verdicts end with what the intervals cover.
+  assert set(rep["frontier"]) == {"mean", "every"}
+  assert set(rep["frontier"]["mean"]) == {"0.5", "0.75", "0.9", "0.95"}
+  assert rep["verdicts"] and "evaluation noise only" in rep["verdicts"][-1]
+  # Every evaluation also measures the stop set (what the stop rules read), apart from the report
+  # set: its own accuracy, no per-prompt counts in the report's figures.
+  for phase in ("base", "joint_grpo", "expert_math", "mopd"):
+    for p in phase_result(wd, phase)["curve"]:
+      assert set(p["stop"]["accuracy"]) == set(p["accuracy"]) and p["stop"]["samples"] == 2
   # Every evaluation keeps its per-prompt counts (what the intervals are bootstrapped from).
   point = phase_result(wd, "joint_grpo")["curve"][-1]
   assert point["samples"] == 2
@@ -234,9 +243,11 @@ def test_study_config_arguments_choose_the_phases():
   assert tuple(cfg.get_config("two_domain,demo").phases) == main
   full = cfg.get_config("four_domain,full")
   assert set(main) < set(full.phases) and len(full.domains) == 4
-  assert full.joint.steps == 4 * full.experts.steps
+  # An expert steps on a quarter of joint GRPO's batch: its cap is joint GRPO's step count.
+  assert full.joint.steps == full.experts.steps and full.experts.prompts_per_step == 0
   four_main = cfg.get_config("four_domain,full,main")
-  assert tuple(four_main.phases) == main and four_main.seeds == (0, 1, 2)
+  assert tuple(four_main.phases) == main and four_main.seeds == (0, 1, 2, 3, 4)
+  assert tuple(cfg.get_config("two_domain,demo").experts.bars) == (0.9, 1.0)
   short = cfg.get_config("two_domain,demo,short")
   assert short.form == "short" and not short.band.check and short.rl.max_new_tokens == 12
   from smjax.study.config import validate  # pylint: disable=import-outside-toplevel
@@ -336,13 +347,19 @@ def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
 @pytest.mark.parametrize("field,value,needle", [
     ("joint.eval_refine", 0, r"config\.joint\.eval_refine=0 must be >= 1"),
     ("experts.eval_refine", 0, r"config\.experts\.eval_refine=0 must be >= 1"),
-    ("experts.stop_fraction", 1.5, r"config\.experts\.stop_fraction=1\.5 must be in \[0, 1\]"),
+    ("experts.bars", (0.9, 0.5), r"config\.experts\.bars=\(0\.9, 0\.5\) must be increasing"),
+    ("report.levels", (0.5, 1.5), r"config\.report\.levels=\(0\.5, 1\.5\) must be increasing"),
+    ("report.target_fraction", 0.8, r"target_fraction=0\.8 must be one of"),
+    ("stop_size", -1, r"config\.stop_size=-1 must be >= 0"),
 ])
 def test_the_experts_stop_rule_and_the_refined_grids_are_validated(field, value, needle):
   from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel
   c = study_config.study_defaults()
-  sect, key = field.split(".")
-  c[sect][key] = value
+  sect, _, key = field.partition(".")
+  if key:
+    c[sect][key] = value
+  else:
+    c[sect] = value
   with pytest.raises(ValueError, match=needle):
     study_config.validate(c)
 
@@ -356,9 +373,11 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   common = set(ph.COMMON_READS)
   assert reads["base"] == common | {"base"}
   assert reads["joint_grpo"] == common | {"base", "rl", "joint"}
-  # An expert stops at a share of joint GRPO's gain, MOPD at the matched target too.
-  assert reads["expert_"] == common | {"base", "rl", "joint", "experts", "report.reference_arm"}
-  assert reads["mopd"] == reads["expert_"] | {"opd", "mopd", "report.target_fraction"}
+  # An expert keeps checkpoints at bars of joint GRPO's gain; MOPD reads where they stopped.
+  assert reads["expert_"] == common | {"base", "rl", "joint", "experts", "report.reference_arm",
+                                       "run_on"}
+  assert reads["mopd"] == reads["expert_"] | {"opd", "mopd"}
+  assert "stop_size" in common and "report.levels" not in set().union(*reads.values())
   assert "opd" not in reads["expert_"]
   assert "external.steps" not in reads["external_teacher"] and "rl" not in reads["external_teacher"]
   assert {"rl", "joint", "self_teacher.degrade_steps"} <= reads["recover_grpo"]

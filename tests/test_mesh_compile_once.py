@@ -37,6 +37,7 @@ def _config(**rl):
   from smjax.study.config import study_defaults
   c = study_defaults()
   c.heldout_size = 4
+  c.stop_size = 4
   c.rl.samples_per_prompt, c.rl.max_new_tokens = G, T
   for k, v in rl.items():
     c.rl[k] = v

@@ -1,9 +1,10 @@
-"""The report's arithmetic against hand-computed values, its verdicts, its files, and the
-distill-to-target stopping rule (on a scripted run_rl)."""
+"""The report's arithmetic against hand-computed values (the frontier and censoring included), its
+verdicts, its files, and the stop rules (on a scripted run_rl, running on past its stop)."""
 
 import dataclasses
 import itertools
 import json
+import math
 import os
 import types
 
@@ -11,8 +12,9 @@ import numpy as np
 import pytest
 
 from smjax.study.render import curve_series, format_table, write_report
-from smjax.study.report import (ArmResult, all_rules, build_report, capture_rule, captured,
-                                expert_rule, matched_target, seed_figures, target_rule, verdicts)
+from smjax.study.report import ArmResult, build_report, seed_figures, verdicts
+from smjax.study.rules import (all_rules, bar_rule, capture_rule, captured, matched_target,
+                               stop_accuracy, target_rule)
 
 N, K = 5, 10  # held-out prompts per domain, samples per prompt
 
@@ -59,10 +61,12 @@ def test_report_numbers_match_hand_computation():
   assert _exact(s["saving_at_target"], 1 - 178 / 170)
   assert s["flops_total"]["mean"] == 190.0 and j["flops_total"]["mean"] == 200.0
   assert s["flops"]["train/teacher"]["mean"] == 30.0
-  assert _exact(s["saving_total"], 1 - 190 / 200)
+  assert "saving_total" not in s   # no figure against a configured budget
   assert _exact(s["distillation_share_run"], 40 / 150)
   assert _exact(s["accuracy_vs_reference"], 0.6 - 0.6)
-  assert e["flops_to_target"]["mean"] == "inf" and e["flops_to_target"]["missing"] == 1
+  # The external arm stopped at 50 FLOPs below the target: censored there, "at least 50".
+  assert e["flops_to_target"]["mean"] == 50.0 and e["flops_to_target"]["bound"] == 1
+  assert e["saving_at_target"]["bound"] == -1   # so its saving is at most 1 - 50 / 170
   assert s["accuracy"]["math"]["mean"] == pytest.approx(0.7)
   assert s["accuracy_mean"]["mean"] == pytest.approx(0.6)
   assert s["greedy"]["math"]["mean"] == 1.0 and s["greedy"]["code"]["mean"] == 1.0
@@ -70,9 +74,12 @@ def test_report_numbers_match_hand_computation():
   assert "saving_at_target" not in j  # the reference itself
   json.dumps(rep, allow_nan=False)
   table = format_table(rep)
-  assert "split_merge" in table and "54.0%" in table and "never" in table
-  assert "external-teacher OPD never reached joint_grpo's matched target (95% intervals)" in (
-      rep["verdicts"])
+  assert "split_merge" in table and "54.0%" in table and "≥ 50" in table
+  assert ("(c) to 90% of joint_grpo's gain: external-teacher OPD had not reached the level when "
+          "it stopped (≥ 50 FLOPs): saving ≤ 70.6%") in rep["verdicts"]
+  assert not any(v.startswith("(a)") for v in rep["verdicts"])   # no base: no frontier
+  assert rep["verdicts"][-1].startswith("Intervals: 95% intervals over held-out prompts: "
+                                        "evaluation noise only")
 
 
 def test_seeds_give_mean_and_spread():
@@ -82,9 +89,12 @@ def test_seeds_give_mean_and_spread():
   assert j["flops_total"]["mean"] == 300.0 and j["flops_total"]["n"] == 2
   assert j["flops_total"]["std"] == pytest.approx(141.42, rel=1e-3)  # sample std of 200, 400
   assert j["flops_to_target"]["mean"] == pytest.approx((170 + 340) / 2)
-  # Over seeds drawn with replacement: between both seeds' values, wider than a point.
+  # Student's t over the two seeds (12.706 x 120.2 / sqrt 2 either side), wider than their
+  # range; the two-level bootstrap beside it stays within the range.
   f = j["flops_to_target"]
-  assert 170 - 1e-9 <= f["lo"] < f["hi"] <= 340 + 1e-9
+  assert f["interval"] == "seeds"
+  assert (f["lo"], f["hi"]) == pytest.approx((255 - 1080.0, 255 + 1080.0), rel=1e-3)
+  assert 170 - 1e-9 <= f["boot_lo"] < f["boot_hi"] <= 340 + 1e-9
 
 
 def test_target_is_per_seed_base_plus_fraction_of_reference_gain():
@@ -104,7 +114,10 @@ def test_target_is_per_seed_base_plus_fraction_of_reference_gain():
   assert rep["target_accuracy"]["mean"] == pytest.approx(0.62)
   assert rep["arms"]["joint_grpo"]["flops_to_target"]["mean"] == pytest.approx(135.0)
   assert rep["arms"]["joint_grpo"]["flops_to_target"]["missing"] == 0
-  assert rep["bootstrap"] == 0 and rep["target_accuracy"]["lo"] is None  # no interval
+  # Without a bootstrap, two seeds still give Student's t over their values (.56, .68).
+  assert rep["bootstrap"] == 0 and rep["target_accuracy"]["boot_lo"] is None
+  half = 12.7062 * np.std([.56, .68], ddof=1) / np.sqrt(2)
+  assert rep["target_accuracy"]["lo"] == pytest.approx(0.62 - half, rel=1e-4)
 
 
 def test_missing_reference_is_an_error():
@@ -120,7 +133,7 @@ def test_base_only_study_reports_without_a_target(tmp_path):
   assert rep["target_accuracy"] is None and rep["bootstrap"] == 0
   assert rep["arms"]["base"]["accuracy_mean"]["mean"] == pytest.approx(0.2)
   assert rep["arms"]["base"]["accuracy_mean"]["lo"] is None
-  assert "matched target -;" in format_table(rep)
+  assert "(target -;" in format_table(rep)
   paths = write_report(rep, [base], str(tmp_path))
   assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
 
@@ -135,7 +148,7 @@ def test_files_are_written(tmp_path):
   rows = open(paths["csv"]).read().splitlines()
   assert rows[0] == "arm,metric,mean,lo,hi,std,n"
   assert any(r.startswith("split_merge,flops_to_target,178") for r in rows)
-  assert any(r.startswith("external_opd,flops_to_target,inf,inf,inf") for r in rows)
+  assert any(r.startswith("external_opd,flops_to_target,50.0,,,") for r in rows)  # censored
   assert "split_merge,flops/train/teacher,30.0,30.0,30.0,0.0,1" in rows
   assert open(paths["table"]).read() == format_table(rep) + "\n"
   curves = json.load(open(paths["curves"]))
@@ -169,104 +182,175 @@ def test_captured_and_the_capture_rule():
   assert captured(SCRIPT[1][0], START, dict(START)) is None
 
 
-def test_expert_and_target_rules_hold_split_then_merge_to_joint_grpos_result():
-  """An expert stops once its domain has gained the set share of joint GRPO's final gain there;
-  MOPD once it has captured its share of the teachers' gain and is at the report's target."""
+def test_stop_rules_read_the_stop_set_only():
+  """An expert's bar, a target and a capture are marks on the stop set's accuracy; a point
+  without a stop set (stop_size=0) is read on its report accuracy."""
   base, joint = {"math": .2, "code": .4}, {"math": .8, "code": .9}
-  rule = expert_rule("math", base, joint, 1.0)       # math: 0.8 (its own domain only)
-  assert [rule({"accuracy": {"math": a, "code": 0.0}}) for a in (.5, .79, .8, .95)] == [
+  rule = bar_rule("math", base, joint, 1.0)       # math: 0.8 (its own domain only)
+  on_stop = lambda acc: {"accuracy": {"math": 0.0, "code": 0.0}, "stop": {"accuracy": acc}}  # noqa
+  assert [rule(on_stop({"math": a, "code": 0.0})) for a in (.5, .79, .8, .95)] == [
       False, False, True, True]
-  half = expert_rule("code", base, joint, 0.5)       # code: 0.4 + 0.5 x 0.5 = 0.65
-  assert not half({"accuracy": {"math": 1.0, "code": .64}}) and half({"accuracy": {"code": .65}})
-  assert expert_rule("math", base, joint, 0.0) is None              # 0: the cap
-  assert expert_rule("math", base, {"math": .1, "code": .9}, 1.0) is None   # no gain there
-  # The matched target is the report's, per seed: base 0.3 + 0.9 x (joint 0.85 - 0.3) = 0.795.
+  # The report accuracy says 1.0; the stop set says 0.5: not crossed.
+  assert not rule({"accuracy": {"math": 1.0}, "stop": {"accuracy": {"math": .5}}})
+  assert rule({"accuracy": {"math": .8, "code": 0.0}})   # no stop set: the report accuracy
+  half = bar_rule("code", base, joint, 0.5)       # code: 0.4 + 0.5 x 0.5 = 0.65
+  assert not half(on_stop({"math": 1.0, "code": .64})) and half(on_stop({"code": .65}))
+  assert bar_rule("math", base, {"math": .1, "code": .9}, 1.0) is None   # no gain there
+  # base 0.3 + 0.9 x (joint 0.85 - 0.3) = 0.795
   assert matched_target(base, joint, 0.9) == pytest.approx(0.795)
-  arms = {"base": ArmResult("base", 0, _curve([(0, .2, .4)]), {}),
-          "joint_grpo": ArmResult("joint_grpo", 0, _curve([(0, .2, .4), (100, .8, .9)]),
-                                  {"train/policy": 100.0})}
-  f = seed_figures(arms, {}, target_fraction=0.9, reference_arm="joint_grpo", recover_domain=None)
-  assert f["_study|target"] == pytest.approx(matched_target(base, joint, 0.9))
   at = target_rule(base, joint, 0.9)
-  assert not at({"accuracy": {"math": .7, "code": .88}}) and at({"accuracy": {"math": .7,
-                                                                               "code": .89}})
+  assert not at(on_stop({"math": .7, "code": .88})) and at(on_stop({"math": .7, "code": .89}))
   both = all_rules(capture_rule(START, TEACHER, 0.9), lambda p: p["accuracy"]["math"] >= .65)
   assert [both({"accuracy": acc}) for acc, _ in SCRIPT] == [False, False, False, False, True]
   assert target_rule(base, {"math": .3, "code": .3}, 0.9) is None     # no gain: no mark
   assert all_rules(None, None) is None and all_rules(None, at) is not None
+  assert stop_accuracy(on_stop({"math": .1})) == {"math": .1}
 
 
-def _distill_arms():
-  """A seed's split-then-merge arm: experts' FLOPs 150, distillation from 150 on."""
+# ------------------------------------------------------------------------------ the frontier
+
+def _frontier_arms(seed=0, split_cut=None):
+  """One seed: base at .2/.2, joint GRPO reaching .6/.6 (a gain of .4 on each domain), and two
+  split-then-merge sets: MOPD from early experts (cheap, 60 FLOPs, but their student stops
+  lower) and from late ones (160 FLOPs, the student goes higher)."""
+  base = ArmResult("base", seed, _curve([(0, .2, .2)]), {})
+  joint = ArmResult("joint_grpo", seed, _curve([(0, .2, .2), (100, .4, .4), (200, .6, .6)]),
+                    {"train/policy": 200.0})
+  early = ArmResult("split_merge@0.9", seed, _curve([(60, .2, .2), (80, .4, .5), (100, .5, .5)]),
+                    {"train/policy": 100.0}, expert_flops=60.0, distill_flops=40.0)
+  late = ArmResult("split_merge@final", seed,
+                   _curve([(160, .2, .2), (170, .5, .5), (180, .6, .7), (190, .7, .7)]
+                          [:split_cut]), {"train/policy": 190.0}, expert_flops=160.0,
+                   distill_flops=30.0)
+  return [base, joint, early, late]
+
+
+def test_frontier_is_each_routes_cheapest_first_passage():
+  f = seed_figures({a.arm: a for a in _frontier_arms()}, {}, target_fraction=0.9,
+                   reference_arm="joint_grpo", recover_domain=None, levels=(0.5, 0.9))
+  # 50 %: the mean level .4; joint crosses it at 100. Early set: mean .45 at 80 (from .2 at 60):
+  # 60 + 20 x .2 / .25 = 76; late set: .35 at 170 -> 160 + 10 x .2 / .3 = 166.7. Cheapest: 76.
+  assert f["_frontier|mean/0.5/joint"] == pytest.approx(100.0)
+  assert f["_frontier|mean/0.5/split"] == pytest.approx(76.0)
+  assert f["_frontier|mean/0.5/saving"] == pytest.approx(1 - 76 / 100)
+  assert f["_frontier|mean/0.5/distillation_share"] == pytest.approx(16 / 60)
+  assert f["_frontier|mean/0.5/set"] == 0.0                       # the early set
+  assert f["_frontier|mean/0.5/split_bracket"] == pytest.approx(20 / 76)
+  # 90 %: the mean level .56; joint at 100 + 100 x .16 / .2 = 180. The early set never gets
+  # there (censored at 100, "at least"); the late one crosses between 170 (.5) and 180 (.65):
+  # 170 + 10 x .06 / .15 = 174, which is below nothing the early set could still show: 100 < 174,
+  # so the cheapest is only known to be at least 100.
+  assert f["_frontier|mean/0.9/joint"] == pytest.approx(180.0)
+  split = f["_frontier|mean/0.9/split"]
+  assert split.value == pytest.approx(100.0) and split.side == 1
+  # "every domain at its level" (.56 on each): math reaches .56 at 174 on the late set too.
+  assert f["_frontier|every/0.9/joint"] == pytest.approx(180.0)
+  # Without the early set the late one's 174 is exact: a saving of 1 - 174 / 180.
+  late_only = {a.arm: a for a in _frontier_arms() if a.arm != "split_merge@0.9"}
+  g = seed_figures(late_only, {}, target_fraction=0.9, reference_arm="joint_grpo",
+                   recover_domain=None, levels=(0.9,))
+  assert g["_frontier|mean/0.9/split"] == pytest.approx(174.0)
+  assert g["_frontier|mean/0.9/saving"] == pytest.approx(1 - 174 / 180)
+  assert g["_frontier|mean/0.9/distillation_share"] == pytest.approx(14 / 160)
+  assert g["_frontier|mean/0.9/joint_bracket"] == pytest.approx(100 / 180)
+  # every domain: math .56 at 170 + 10 x .06 / .1 = 176 (math .5 -> .6), code .56 at 170 + 10 x
+  # .06 / .2 = 173: both at 176.
+  assert g["_frontier|every/0.9/split"] == pytest.approx(176.0)
+
+
+def test_frontier_report_censors_a_truncated_curve_and_names_the_set():
+  # The late set cut after its crossing point at 170 (mean .5): at 90 % it never got there.
+  arms = [a for a in _frontier_arms(split_cut=2) if a.arm != "split_merge@0.9"]
+  rep = build_report(arms, bootstrap=20, levels=(0.5, 0.9))
+  at = rep["frontier"]["mean"]["0.9"]
+  assert at["split"]["mean"] == 170.0 and at["split"]["bound"] == 1
+  assert at["saving"]["bound"] == -1 and at["sets"] == ["split_merge@final"]
+  (line,) = [v for v in rep["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
+  assert "had not reached the level when it stopped (≥ 170 FLOPs)" in line
+  assert "saving ≤ 5.6%" in line
+  full = build_report(_frontier_arms(), bootstrap=20, levels=(0.5, 0.9))
+  fifty = full["frontier"]["mean"]["0.5"]
+  assert _exact(fifty["split"], 76.0) and fifty["sets"] == ["split_merge@0.9"]
+  assert any(v.startswith("(a) at 50%") for v in full["verdicts"]) is False  # 90 % is read
+  table = format_table(full)
+  assert table.startswith("Frontier: training FLOPs to each level") and "76" in table
+  with pytest.raises(ValueError, match="target_fraction=0.9 must be one of"):
+    build_report(arms, levels=(0.5, 0.75))
+
+
+def test_verdicts_count_the_seeds_that_agree():
+  # Seed 0: joint reaches 90 % at 180 and the late set at 174 (cheaper); seed 1: joint's curve
+  # twice as fast (90 at 90): split dearer. Two seeds, one each way: not distinguishable.
+  fast = _frontier_arms(1)
+  fast[1] = ArmResult("joint_grpo", 1, _curve([(0, .2, .2), (50, .4, .4), (100, .6, .6)]),
+                      {"train/policy": 100.0})
+  arms = [a for a in _frontier_arms(0) + fast if a.arm != "split_merge@0.9"]
+  rep = build_report(arms, bootstrap=0, levels=(0.9,))
+  (line,) = [v for v in rep["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
+  assert "not distinguishable" in line and "1 of 2 seeds cheaper, 1 dearer" in line
+  assert rep["verdicts"][-1] == ("Intervals: 95% t intervals over 2 seeds (training and "
+                                 "evaluation noise).")
+  # Both seeds dearer: a verdict, with its agreement.
+  slow = [dataclasses.replace(a, seed=1) for a in fast if a.arm != "split_merge@0.9"]
+  both = build_report([a for a in fast if a.arm != "split_merge@0.9"] + [
+      dataclasses.replace(a, seed=2) for a in slow], bootstrap=0, levels=(0.9,))
+  (line,) = [v for v in both["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
+  assert "split-then-merge needs" in line and "more FLOPs" in line and "2 of 2 seeds agree" in line
+
+
+def test_headroom_and_the_distillation_run_share():
   base = ArmResult("base", 0, _curve([(0, .2, .2)]), {})
   em = ArmResult("expert_math", 0, _curve([(0, .2, .2), (75, .6, .1)]), {"train/policy": 75.0})
   ec = ArmResult("expert_code", 0, _curve([(0, .2, .2), (75, .1, .6)]), {"train/policy": 75.0})
   joint = ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (300, .6, .6)]), {"train/policy": 300.0})
-  # Captured: 0, (.2 + .1) / .8 = .375, (.4 + .3) / .8 = .875, (.5 + .3) / .8 = 1.
   split = ArmResult("split_merge", 0, _curve([(150, .2, .2), (170, .4, .3), (190, .6, .5),
                                               (210, .7, .5)]),
                     {"train/policy": 150.0, "train/teacher": 60.0}, expert_flops=150.0,
                     distill_flops=60.0, teachers={"math": "expert_math", "code": "expert_code"},
                     capture_fraction=0.9, reached=True)
-  return [base, em, ec, joint, split]
-
-
-def test_distillation_flops_share_and_headroom():
-  arms = _distill_arms()
-  f = seed_figures({a.arm: a for a in arms}, {}, target_fraction=0.9, reference_arm="joint_grpo",
-                   recover_domain=None)
-  # 0.9 is crossed between 190 (.875) and 210 (1.0): 190 + 20 x .025 / .125 = 194; minus the
-  # curve's start (the experts' 150).
-  assert f["split_merge|distill_flops_to_capture"] == pytest.approx(44.0)
-  assert f["split_merge|distillation_share"] == pytest.approx(44.0 / 150)
+  f = seed_figures({a.arm: a for a in (base, em, ec, joint, split)}, {}, target_fraction=0.9,
+                   reference_arm="joint_grpo", recover_domain=None, levels=(0.9,))
   assert f["split_merge|distillation_share_run"] == pytest.approx(60.0 / 150)
   # Headroom: (student - start) / (teacher - start) per domain, and the summed one.
   assert f["split_merge|headroom/math"] == pytest.approx((.7 - .2) / (.6 - .2))
   assert f["split_merge|headroom/code"] == pytest.approx((.5 - .2) / (.6 - .2))
   assert f["split_merge|headroom_mean"] == pytest.approx(1.0)
-  rep = build_report(arms, bootstrap=30)
-  s = rep["arms"]["split_merge"]
-  assert _exact(s["distillation_share"], 44.0 / 150) and s["reached_stop_rule"] == [True]
-  assert any(v.startswith("distillation cost 29.3% [29.3, 29.3] of the experts' FLOPs")
+  # (b) at 90 %: the level .56, crossed between 190 (.55) and 210 (.6): 194; less the experts'
+  # 150 over them.
+  assert f["_frontier|mean/0.9/distillation_share"] == pytest.approx(44.0 / 150)
+  rep = build_report([base, em, ec, joint, split], bootstrap=30, levels=(0.9,))
+  assert rep["arms"]["split_merge"]["reached_stop_rule"] == [True]
+  assert any(v.startswith("(b) distillation cost 29.3% [29.3, 29.3] of the experts' FLOPs")
              for v in rep["verdicts"])
-  # A distillation that stops short of 90 %: never, and its verdict says so.
-  short = dataclasses.replace(arms[-1], curve=arms[-1].curve[:3], reached=False)
-  rep = build_report(arms[:-1] + [short], bootstrap=0)
-  assert rep["arms"]["split_merge"]["distillation_share"]["mean"] == "inf"
-  assert any(v.startswith("distillation did not capture its target share") for v in rep["verdicts"])
 
 
-def _verdict_report(lo, mean, hi):
-  s = {"mean": mean, "lo": lo, "hi": hi, "n": 1}
-  return {"confidence": 0.95, "reference_arm": "joint_grpo",
-          "arms": {"split_merge": {"saving_at_target": s, "flops_to_target": {"mean": 100.0}}}}
+def _verdict_report(lo, mean, hi, per_seed=(), bound=0):
+  s = {"mean": mean, "lo": lo, "hi": hi, "n": max(1, len(per_seed)), "per_seed": list(per_seed),
+       "bound": bound}
+  f = {"mean": 100.0, "bound": -bound}
+  return {"confidence": 0.95, "reference_arm": "joint_grpo", "target_fraction": 0.9,
+          "seeds": list(range(max(1, len(per_seed)))), "arms": {},
+          "frontier": {"mean": {"0.9": {"saving": s, "split": f, "joint": {"mean": 90.0},
+                                        "sets": ["split_merge@final"]}}}}
 
 
 def test_verdict_lines_follow_the_interval():
-  assert verdicts(_verdict_report(.2, .3, .4)) == [
-      "split-then-merge reaches joint_grpo's matched target with 30.0% [20.0, 40.0] fewer FLOPs "
-      "(95% intervals)"]
-  assert verdicts(_verdict_report(-.7, -.5, -.3)) == [
-      "split-then-merge needs 50.0% [30.0, 70.0] more FLOPs than joint_grpo to reach its matched "
-      "target (95% intervals)"]
-  (line,) = verdicts(_verdict_report(-.1, .1, .3))
+  (line, tail) = verdicts(_verdict_report(.2, .3, .4))
+  assert line == ("(a) at 90% of joint_grpo's gain (mean over domains): split-then-merge needs "
+                  "30.0% [20.0, 40.0] fewer FLOPs than joint_grpo (100 against 90; cheapest "
+                  "expert stop: final)")
+  assert "evaluation noise only; one seed cannot separate training noise" in tail
+  (line, _) = verdicts(_verdict_report(-.7, -.5, -.3, per_seed=(-.6, -.4, -.5, .1, -.5)))
+  assert "needs 50.0% [30.0, 70.0] more FLOPs than joint_grpo; 4 of 5 seeds agree" in line
+  (line, _) = verdicts(_verdict_report(-.1, .1, .3))
   assert "not distinguishable" in line and "saving 10.0% [-10.0, 30.0]" in line
-  (line,) = verdicts(_verdict_report(0.0, .1, .3))  # touches 0: not clearly positive
+  (line, _) = verdicts(_verdict_report(0.0, .1, .3))  # touches 0: not clearly positive
   assert "not distinguishable" in line
-  (line,) = verdicts(_verdict_report(.1, .3, "inf"))  # open above: still clearly positive
+  (line, _) = verdicts(_verdict_report(.1, .3, "inf"))  # open above: still clearly positive
   assert "fewer FLOPs" in line
-
-
-def test_verdicts_end_to_end():
-  # split reaches 0.54 at 178 vs joint's 170 on every replicate: more FLOPs, exactly.
-  rep = build_report(_arms(), bootstrap=20)
-  assert any(v.startswith("split-then-merge needs 4.7% [4.7, 4.7] more FLOPs than joint_grpo")
-             for v in rep["verdicts"])
-  # Scaled-up joint (target reached at 340): split's 178 is 47.6% fewer.
-  arms = _arms(joint_scale=2.0)
-  rep = build_report(arms, bootstrap=20)
-  assert any(v.startswith("split-then-merge reaches joint_grpo's matched target with 47.6% "
-                          "[47.6, 47.6] fewer FLOPs") for v in rep["verdicts"])
+  (line, _) = verdicts(_verdict_report(None, -.5, None, bound=-1))   # censored: at least
+  assert ("had not reached the level when it stopped (≥ 100 FLOPs): it needs ≥ 50.0% more"
+          in line)
 
 
 def test_length_verdict_and_held_out_sets():
@@ -274,10 +358,10 @@ def test_length_verdict_and_held_out_sets():
   ext = arms[2]
   ext.curve = [_point(p["flops"], p["accuracy"], {"math": 9.0, "code": 7.0}) for p in ext.curve]
   # external: (9 + 7) / 2 = 8 tokens against joint's (3 + 5) / 2 = 4.
-  line = "external-teacher OPD answers are +4.0 tokens [+4.0, +4.0] vs joint_grpo (95% intervals)"
+  line = "(c) external-teacher OPD answers are +4.0 tokens [+4.0, +4.0] vs joint_grpo"
   assert line in build_report(arms, bootstrap=10)["verdicts"]
-  assert "external-teacher OPD answers are +4.0 tokens vs joint_grpo (not distinguishable) (95% " \
-      "intervals)" in build_report(arms, bootstrap=0)["verdicts"]
+  assert "(c) external-teacher OPD answers are +4.0 tokens vs joint_grpo (not distinguishable)" \
+      in build_report(arms, bootstrap=0)["verdicts"]
   # The arms of a seed must share one held-out set.
   ext.curve[-1]["correct"]["math"] = [1] * (N + 1)
   with pytest.raises(ValueError, match="one held-out set"):
@@ -328,20 +412,20 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert d["accuracy_mean"]["mean"] == pytest.approx(0.50)
   assert d["response_length"]["mean"] == 2.0  # math only, not (2 + 6) / 2
   # It only sets the recovery up: no target, no saving against recover_grpo.
-  assert "flops_to_target" not in d and "saving_total" not in d
+  assert "flops_to_target" not in d and "saving_at_target" not in d
   r = rep["arms"]["recover_self"]
   assert r["accuracy_recover_domain"]["mean"] == pytest.approx(0.50)
   assert _exact(r["flops_to_target"], 7.5)  # .3 -> .5 over 10: .45 at 7.5
   assert _exact(r["saving_at_target"], 1 - 7.5 / 75)  # recover_grpo: .45 at 75
-  assert _exact(r["saving_total"], 0.9) and r["reference"] == "recover_grpo"
+  assert r["reference"] == "recover_grpo"
   assert r["headroom"]["math"]["mean"] == pytest.approx((.5 - .3) / (.6 - .3))
   assert "saving_at_target" not in rep["arms"]["recover_grpo"]
   assert rep["arms"]["joint_grpo"]["flops_to_target"]["mean"] == pytest.approx(170.0)
-  assert any(v.startswith("self-teacher OPD vs GRPO, FLOPs to recover: 90.0% [90.0, 90.0] fewer")
-             for v in rep["verdicts"])
+  assert ("(d) to recover the degraded domain: self-teacher OPD needs 90.0% [90.0, 90.0] fewer "
+          "FLOPs than GRPO") in rep["verdicts"]
   # The recovery table: one accuracy column, on math, for every row; degrade has no target.
   table = format_table(rep)
-  recovery = table[table.index("Self-teacher recovery of math (matched target 45.0%"):]
+  recovery = table[table.index("Self-teacher recovery of math (target 45.0%"):]
   recovery = recovery[:recovery.index("Verdicts:")]
   _, header, _, *rows = [line for line in recovery.splitlines() if line]
   assert header.split()[:3] == ["arm", "math", "acc"]
@@ -384,9 +468,10 @@ def test_recovery_targets_are_read_on_the_given_domain():
 
 # ------------------------------------------------------------------ run_rl's stop_at, scripted
 
-def test_run_rl_stops_at_the_first_point_that_meets_the_capture_rule(monkeypatch):
+def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   """run_rl with every model piece scripted (no model, no compile): it evaluates at step 0 and
-  after every step, and stops, saved, at the first point the rule accepts."""
+  after every step, notes the first point the rule accepts, and stops only once it has run on
+  past it by 2 more evaluations and 25 % more of its own FLOPs; `on_eval` sees every point."""
   from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   ex = types.SimpleNamespace(domain="math", prompt="q")
   ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2)), [ex, ex],
@@ -399,8 +484,9 @@ def test_run_rl_stops_at_the_first_point_that_meets_the_capture_rule(monkeypatch
     progress.ledger.add_flops("train/policy", 10.0)
     return None, [], {}
 
-  script = iter([acc for acc, _ in SCRIPT])
-  evaluations, saves = [], []
+  accs = [acc for acc, _ in SCRIPT] + [SCRIPT[-1][0]] * 10
+  script = iter(accs)
+  evaluations, saves, seen = [], [], []
 
   def evaluator(params):
     evaluations.append(params)
@@ -410,21 +496,110 @@ def test_run_rl_stops_at_the_first_point_that_meets_the_capture_rule(monkeypatch
   kw = dict(name="mopd", loop=cfg, step=lambda state, batch: (state, {"loss": 0.0, "finite": 1.0}),
             make_batch=make_batch, sampler=None, tokenizer=None, prompts=itertools.repeat([ex]),
             verify=None, evaluator=evaluator, save=lambda *a: saves.append(a[0]),
-            stop_at=capture_rule(START, TEACHER, 0.9))
+            stop_at=capture_rule(START, TEACHER, 0.9), run_on=(2, 0.25),
+            on_eval=lambda point, state, prog: seen.append(point["step"]))
   res = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=progress, **kw)
-  # Points at steps 0..3; SCRIPT[3] is the first at >= 90 %: stopped after step 3, saved there.
-  assert res.reached and not res.stopped
-  assert [p["step"] for p in res.curve] == [0, 1, 2, 3]
-  assert [p["flops"] for p in res.curve] == [0.0, 10.0, 20.0, 30.0]
-  assert res.curve[-1]["accuracy"] == SCRIPT[3][0] and saves == [3] and progress.step == 3
+  # SCRIPT[3] (step 3, 30 FLOPs) is the first at >= 90 %; 2 more evaluations (step 5) and 25 %
+  # more FLOPs (37.5: step 4) later it stops, after step 5, saved there.
+  assert res.reached and not res.stopped and res.stop_point == 3
+  assert [p["step"] for p in res.curve] == [0, 1, 2, 3, 4, 5] and seen == [0, 1, 2, 3, 4, 5]
+  assert [p["flops"] for p in res.curve] == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+  assert res.curve[3]["accuracy"] == SCRIPT[3][0] and saves == [5] and progress.step == 5
   assert res.curve[2]["mean"] == pytest.approx(0.55)
   assert res.last_metrics["reward/mean"] == 0.5
-  # A resumed run whose last point met the rule returns at once: no evaluation, no step.
+  # A resumed run that had run on returns at once: no evaluation, no step.
   n = len(evaluations)
   again = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=progress, **kw)
-  assert again.reached and len(evaluations) == n and progress.step == 3 and len(again.curve) == 4
+  assert again.reached and again.stop_point == 3 and len(evaluations) == n
+  assert progress.step == 5 and len(again.curve) == 6
+  # The FLOPs share can be what holds it: 100 % more of its own FLOPs is step 6 (60 >= 2 x 30).
+  script = iter(accs)
+  fresh = loop_lib.RLProgress()
+
+  def batch_for_fresh(_):
+    fresh.ledger.add_flops("train/policy", 10.0)
+    return None, [], {}
+
+  longer = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=fresh,
+                           **(kw | {"run_on": (2, 1.0), "make_batch": batch_for_fresh}))
+  assert longer.stop_point == 3 and len(longer.curve) == 7
+  # (0, 0.0): it stops at the first point that meets the rule.
+  script = iter(accs)
+  at_once = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
+                            **(kw | {"run_on": (0, 0.0), "make_batch": lambda _: (None, [], {})}))
+  assert len(at_once.curve) == 4
   # Without a rule it runs to its cap.
-  script = iter([acc for acc, _ in SCRIPT] * 3)
+  script = iter(accs)
   full = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
                          **(kw | {"stop_at": None, "make_batch": lambda _: (None, [], {})}))
-  assert not full.reached and len(full.curve) == 11
+  assert not full.reached and full.stop_point is None and len(full.curve) == 11
+
+
+def test_evaluations_are_dense_where_a_run_starts_and_on_the_grid_later():
+  """eval_growth: the next evaluation comes once the run's own FLOPs have grown by that share
+  since the last one, or at the grid's next multiple, whichever is first."""
+  from smjax.train.loop import _next_eval  # pylint: disable=import-outside-toplevel
+  assert _next_eval(100.0, 250.0) == 300.0                        # the grid alone
+  assert _next_eval(100.0, 250.0, growth=0.1) == pytest.approx(275.0)
+  assert _next_eval(100.0, 10.0, growth=0.5) == pytest.approx(15.0)
+  assert _next_eval(0.0, 10.0, growth=0.5) == pytest.approx(15.0)  # no grid yet
+  assert _next_eval(0.0, 10.0) == math.inf
+  # A run that starts after others (MOPD after its experts): growth of its own FLOPs only.
+  assert _next_eval(1000.0, 1050.0, growth=0.2, offset=1000.0) == pytest.approx(1060.0)
+  # Steps of 10 FLOPs from 0, growth 0.25 and a grid of 100: evaluated after steps 1, 2, 3, 4,
+  # 5, 7, 9 (growth), 10 (the grid: 90 x 1.25 > 100), 13, 17 (growth), 20 (grid), 25 (growth),
+  # 30 (grid), 38 (growth: 300 x 1.25 = 375), 40 (grid).
+  done, due, at = 0.0, _next_eval(100.0, 0.0, 0.25), []
+  for step in range(1, 41):
+    done += 10.0
+    if done >= due:
+      at.append(step)
+      due = _next_eval(100.0, done, 0.25)
+  assert at == [1, 2, 3, 4, 5, 7, 9, 10, 13, 17, 20, 25, 30, 38, 40]
+
+
+def test_rollout_metrics_count_the_completions_that_ran_to_the_cap():
+  from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
+  ex = [types.SimpleNamespace(domain=d) for d in ("math", "math", "code", "code")]
+  result = types.SimpleNamespace(lengths_B=np.array([3, 5, 5, 2]), completion_BC=np.zeros((4, 5)))
+  m = loop_lib.rollout_metrics(loop_lib.Rollout(result, ex, np.array([1.0, 0.0, 0.0, 0.0])), 2)
+  assert m["length/at_cap"] == 0.5 and m["length/math"] == 4.0
+  assert m["reward/zero_variance_groups"] == 0.5 and m["reward/math"] == 0.5
+
+
+def test_a_checkpoint_sets_headroom_is_against_its_teachers_where_they_were_stopped():
+  base = ArmResult("base", 0, _curve([(0, .2, .2)]), {})
+  joint = ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (300, .6, .6)]), {"train/policy": 300.0})
+  em = ArmResult("expert_math", 0, [dict(p, step=s) for p, s in zip(
+      _curve([(0, .2, .2), (40, .4, .2), (80, .6, .2)]), (0, 10, 20))], {"train/policy": 80.0})
+  ec = ArmResult("expert_code", 0, [dict(p, step=s) for p, s in zip(
+      _curve([(0, .2, .2), (40, .2, .5), (80, .2, .6)]), (0, 10, 20))], {"train/policy": 80.0})
+  # MOPD from the experts at step 10 (math .4, code .5): a student at .3 / .35 has captured half.
+  split = ArmResult("split_merge@0.9", 0, _curve([(80, .2, .2), (100, .3, .35)]),
+                    {"train/policy": 100.0}, expert_flops=80.0,
+                    teachers={"math": "expert_math", "code": "expert_code"},
+                    experts_at={"math": {"at": "0.9", "step": 10}, "code": {"at": "0.9",
+                                                                             "step": 10}})
+  f = seed_figures({a.arm: a for a in (base, joint, em, ec, split)}, {}, target_fraction=0.9,
+                   reference_arm="joint_grpo", recover_domain=None)
+  assert f["split_merge@0.9|headroom/math"] == pytest.approx(0.5)   # (.3 - .2) / (.4 - .2)
+  assert f["split_merge@0.9|headroom/code"] == pytest.approx(0.5)   # (.35 - .2) / (.5 - .2)
+
+
+def test_a_frontier_at_zero_flops_is_plotted(tmp_path):
+  """A level the reference starts above costs it 0 FLOPs: the frontier panel, log-scaled
+  otherwise, is drawn linear then (a log scale cannot show 0)."""
+  arms = _frontier_arms()
+  arms[1] = ArmResult("joint_grpo", 0, _curve([(0, .6, .6), (100, .6, .6)]),
+                      {"train/policy": 100.0})
+  rep = build_report(arms, bootstrap=5, levels=(0.5, 0.9))
+  assert rep["frontier"]["mean"]["0.9"]["joint"]["mean"] == 0.0
+  paths = write_report(rep, arms, str(tmp_path))
+  assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
+  # A reference that gained nothing: no level, every frontier figure undefined (nan).
+  arms[1] = ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (100, .2, .2)]),
+                      {"train/policy": 100.0})
+  rep = build_report(arms, bootstrap=5, levels=(0.5, 0.9))
+  assert rep["frontier"]["mean"]["0.9"]["joint"]["mean"] is None
+  paths = write_report(rep, arms, str(tmp_path / "flat"))
+  assert open(paths["plot"], "rb").read(4) == b"\x89PNG"

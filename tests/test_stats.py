@@ -117,7 +117,7 @@ def test_identical_arms_give_an_exact_zero_saving():
           for name in ("joint_grpo", "split_merge")]
   rep = build_report(arms, bootstrap=300)
   s = rep["arms"]["split_merge"]
-  for fig in ("saving_at_target", "saving_total", "accuracy_vs_reference"):
+  for fig in ("saving_at_target", "accuracy_vs_reference"):
     assert (s[fig]["mean"], s[fig]["lo"], s[fig]["hi"], s[fig]["undefined"]) == (0, 0, 0, 0)
   # ... while each arm's own FLOPs to the target do vary over the replicates.
   f = s["flops_to_target"]
@@ -127,19 +127,47 @@ def test_identical_arms_give_an_exact_zero_saving():
 def test_interval_widens_when_seeds_disagree():
   rng = np.random.default_rng(9)
   k, n, b = 4, 200, 400
-  same = rng.binomial(k, 0.5, size=n)
-  agree = _accuracy_interval({s: same for s in range(3)}, k, b, np.random.default_rng(10))
+  close = _accuracy_interval({s: rng.binomial(k, p, size=n) for s, p in enumerate((.49, .5, .51))},
+                             k, b, np.random.default_rng(10))
   apart = _accuracy_interval({s: rng.binomial(k, p, size=n) for s, p in enumerate((.2, .5, .8))},
                              k, b, np.random.default_rng(10))
-  assert agree["n"] == apart["n"] == 3 and agree["std"] == 0.0 and apart["std"] > 0.2
-  assert apart["hi"] - apart["lo"] > 3 * (agree["hi"] - agree["lo"])
-  # Seeds that agree are more held-out prompts (each seed has its own held-out set): narrower
-  # than one seed's interval.
-  one = _accuracy_interval({0: same}, k, b, np.random.default_rng(10))
-  assert agree["hi"] - agree["lo"] < one["hi"] - one["lo"]
+  assert close["n"] == apart["n"] == 3 and apart["std"] > 0.2 > close["std"]
+  assert close["interval"] == apart["interval"] == "seeds"
+  assert apart["hi"] - apart["lo"] > 5 * (close["hi"] - close["lo"])
+  # Student's t over the three seeds' values (each on all its prompts), by hand.
+  x = np.asarray(apart["per_seed"])
+  half = scipy.stats.t.ppf(0.975, 2) * x.std(ddof=1) / math.sqrt(3)
+  assert (apart["lo"], apart["hi"]) == pytest.approx((x.mean() - half, x.mean() + half))
+  # The two-level bootstrap is kept beside it, and is narrower: it spans about the seeds' range.
+  assert x.min() - 0.05 < apart["boot_lo"] and apart["boot_hi"] < x.max() + 0.05
+  assert apart["boot_hi"] - apart["boot_lo"] < apart["hi"] - apart["lo"]
 
 
-def test_a_target_not_always_reached_is_open_above_and_nan_is_undefined():
+def _coverage(seeds, trials, rng, sd_seed, p=0.4, k=4, n=64):
+  """Shares of `trials` simulated studies whose headline interval (t over seeds) and two-level
+  bootstrap cover the known mean accuracy p: each seed's true accuracy is p plus training noise
+  of sd `sd_seed`, and its held-out prompts are sampled from it (evaluation noise)."""
+  hit_t = hit_boot = 0
+  for _ in range(trials):
+    ps = np.clip(p + sd_seed * rng.standard_normal(seeds), 0.01, 0.99)
+    s = _accuracy_interval({i: rng.binomial(k, q, size=n) for i, q in enumerate(ps)}, k, 60, rng)
+    hit_t += s["lo"] <= p <= s["hi"]
+    hit_boot += s["boot_lo"] <= p <= s["boot_hi"]
+  return hit_t / trials, hit_boot / trials
+
+
+def test_seed_interval_covers_a_known_answer_at_its_nominal_rate():
+  """A synthetic study with a known answer: seeds whose accuracy varies by training noise far
+  beyond one seed's evaluation noise. The headline interval covers ~95 %; the two-level
+  percentile bootstrap, at the seed level about the range of the values, covers far less."""
+  rng = np.random.default_rng(21)
+  for seeds in (3, 5):
+    t_cover, boot_cover = _coverage(seeds, 400, rng, sd_seed=0.08)
+    assert 0.90 <= t_cover <= 0.98, (seeds, t_cover)
+    assert boot_cover < 0.90, (seeds, boot_cover)
+
+
+def test_a_target_not_always_reached_is_censored_and_says_so():
   rng = np.random.default_rng(11)
   k, n = 4, 60
   start = np.zeros(n, int)
@@ -148,13 +176,16 @@ def test_a_target_not_always_reached_is_open_above_and_nan_is_undefined():
   curve = [_point(0, {"math": start}, k), _point(100, {"math": end}, k)]
   arms = [ArmResult(name, 0, [dict(p) for p in curve], {"train/policy": 100.0})
           for name in ("joint_grpo", "split_merge")]
-  rep = build_report(arms, target=target, bootstrap=200)
+  rep = build_report(arms, target=target, bootstrap=200, levels=())
   f = rep["arms"]["split_merge"]["flops_to_target"]
-  assert f["mean"] == pytest.approx(100.0) and f["missing"] == 0
-  assert f["hi"] == "inf" and 0 < f["lo"] < 100  # jsonable: +inf as "inf"
-  # Both arms never reach it in the same replicates: inf/inf there, left out and counted.
+  # Replicates that move the target above the curve's end are censored at its last FLOPs (not
+  # +inf); about half of them here, far over 5 %: no percentile interval, the share instead.
+  assert f["mean"] == pytest.approx(100.0) and f["bound"] == 0 and f["missing"] == 0
+  assert 0.2 < f["censored"] < 0.8 and f["lo"] is None and f["hi"] is None
+  assert f["interval"] == ""
+  # Both arms censored in the same replicates: their saving is undefined there, counted.
   s = rep["arms"]["split_merge"]["saving_at_target"]
-  assert 0 < s["undefined"] < 200 and (s["mean"], s["lo"], s["hi"]) == (0, 0, 0)
+  assert 0 < s["undefined"] < 200 and s["mean"] == 0
   json.dumps(rep, allow_nan=False)
   # jsonable and number, both ways.
   v = {"mean": 1.0, "lo": -math.inf, "hi": math.inf, "std": math.nan, "n": 2,
@@ -164,6 +195,30 @@ def test_a_target_not_always_reached_is_open_above_and_nan_is_undefined():
                "per_seed": [None, 1.0]}
   assert [stats.number(j[x]) for x in ("lo", "hi")] == [-math.inf, math.inf]
   assert math.isnan(stats.number(j["std"]))
+
+
+def test_censored_values_are_bounds_and_few_censored_replicates_keep_the_interval():
+  """A figure censored in at most 5 % of the replicates keeps its percentile interval (the
+  censored replicates at their bound); censored at the point estimate, it is "at least"."""
+  def per_seed(s, idx):
+    sel = idx.get("math")
+    hit = sel is not None and not sel[:3].any()   # rare: prompt 0 drawn first three times
+    return {"x": stats.Bound(5.0, +1) if hit else float(1 + np.mean(sel if sel is not None
+                                                                        else np.arange(4))),
+            "y": stats.Bound(7.0, +1)}
+  rng = np.random.default_rng(3)
+  reps = [([0], {0: {"math": rng.integers(0, 4, 4)}}) for _ in range(400)]
+  share = np.mean([not r[1][0]["math"][:3].any() for r in reps])
+  assert 0 < share <= 0.05
+  out = stats.summarise(per_seed, stats.identity({0: {"math": 4}}), reps, 0.9)
+  x, y = out["x"], out["y"]
+  assert x["censored"] == pytest.approx(share) and x["interval"] == "prompts"
+  assert x["lo"] < x["mean"] == 2.5 < x["hi"] and x["bound"] == 0
+  assert y["bound"] == 1 and y["mean"] == 7.0 and math.isnan(y["lo"]) and y["censored_seeds"] == 1
+  # With several seeds, one censored seed leaves no interval (its value is only a bound).
+  two = stats.summarise(lambda s, idx: {"z": stats.Bound(3.0, 1) if s else 1.0},
+                        stats.identity({0: {}, 1: {}}), [], 0.9)["z"]
+  assert two["bound"] == 1 and two["censored_seeds"] == 1 and math.isnan(two["lo"])
 
 
 def test_nan_and_infinite_seeds_are_counted():
@@ -177,9 +232,11 @@ def test_nan_and_infinite_seeds_are_counted():
           for i in ([0, 0], [0, 1], [1, 1], [0, 0])]
   out = stats.summarise(per_seed, stats.identity({0: {"math": 2}, 1: {"math": 2}}), reps, 0.9)
   x, y = out["x"], out["y"]
-  assert x["mean"] == 1.5 and x["undefined"] == 2 and (x["lo"], x["hi"]) == (1.5, 1.5)
+  assert x["mean"] == 1.5 and x["undefined"] == 2 and (x["boot_lo"], x["boot_hi"]) == (1.5, 1.5)
+  half = scipy.stats.t.ppf(0.95, 1) * np.std([1.0, 2.0], ddof=1) / math.sqrt(2)
+  assert (x["lo"], x["hi"]) == pytest.approx((1.5 - half, 1.5 + half))
   assert y["mean"] == math.inf and y["missing"] == 1 and y["std"] == 0.0  # over finite seeds
-  assert (y["lo"], y["hi"]) == (math.inf, math.inf)
+  assert math.isnan(y["lo"]) and math.isnan(y["hi"])   # no t interval over an infinite seed
   # each seed's own value (all its prompts), in seed order; strict JSON keeps inf as a string
   assert x["per_seed"] == [1.0, 2.0] and y["per_seed"] == [math.inf, 1.0]
   assert stats.jsonable(y)["per_seed"] == ["inf", 1.0]

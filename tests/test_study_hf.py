@@ -86,6 +86,9 @@ def cache(tmp_path_factory):
 
 TINY = [
     "--config.progress=False", "--config.heldout_size=8", "--config.eval.batch_size=8",
+    # A test file this small has no held-out prompts to spare for a stop set: the stop rules
+    # read the report set (what config.stop_size=0 is for).
+    "--config.stop_size=0",
     "--config.eval.points=2", "--config.model.max_seq_len=128", "--config.rl.max_new_tokens=16",
     "--config.joint.steps=2", "--config.experts.steps=2", "--config.mopd.steps=2",
     "--config.rl.prompts_per_step=4", "--config.rl.samples_per_prompt=2",

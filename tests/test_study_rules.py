@@ -224,3 +224,49 @@ def test_a_phase_that_cannot_find_the_grid_refuses_instead_of_deriving_another(t
   store.save_eval_every(str(tmp_path), c, 1e9)
   assert store.grid_or_refuse(str(tmp_path), c, "expert_math", may_fix=True) == pytest.approx(
       1e9 * c.joint.steps / c.eval.points)
+
+
+def test_stop_set_is_disjoint_from_the_report_set_and_from_training(tmp_path):
+  """The stop rules' prompts (smjax.study.shared.draw_stop_set) are in neither the report set
+  nor the training split, by construction; a test file too small for both is refused at start,
+  naming the field."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.study.shared import draw_stop_set  # pylint: disable=import-outside-toplevel
+  for name in ("math", "code"):
+    dom = get_domain(name, difficulty=1, form="chain")
+    report = dom.generate("test", 512, seed=10_000)
+    stop = draw_stop_set(dom, report, 256, seed=20_000)
+    prompts = [e.prompt for e in stop]
+    assert len(prompts) == len(set(prompts)) == 256
+    assert not set(prompts) & {e.prompt for e in report}
+    train = {e.prompt for e in dom.generate("train", 20_000, seed=3)}
+    assert not set(prompts) & train
+    assert all(e.metadata["split"] == "test" for e in stop)
+    # The same seed gives the same set (every phase of a study seed reads one).
+    assert [e.prompt for e in draw_stop_set(dom, report, 256, seed=20_000)] == prompts
+  path = tmp_path / "q.jsonl"
+  path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n"
+                          for i in range(60)))
+  small = get_domain(f"jsonl_math:{path}")
+  report = small.generate("test", 32, seed=1)
+  with pytest.raises(ValueError, match=r"config\.stop_size=256: domain .* has only \d+ held-out "
+                     r"prompts that are not in its report set"):
+    draw_stop_set(small, report, 256, seed=2)
+
+
+def test_a_mild_degradation_is_refused_naming_the_seed_and_the_values():
+  """Claim (d) needs a degradation the recovery can be measured against: the degrade phase must
+  cost the recovered domain at least self_teacher.min_loss on the stop set."""
+  from smjax.study.run import DegradationError, check_degradation  # pylint: disable=C0415
+  c = study_defaults()   # degrade code, recover math, min_loss 0.2
+  point = lambda math, report=0.5: {"accuracy": {"math": report, "code": .9},  # noqa: E731
+                                    "stop": {"accuracy": {"math": math, "code": .9}}}
+  out = lambda p: PhaseOutput(params=None, ledger=None, curve=[p], extra={})  # noqa: E731
+  check_degradation(c, 3, out(point(.97)), out(point(.70)))        # 27 points: measurable
+  with pytest.raises(DegradationError, match=r"seed 3: 1000 GRPO steps on code cost math only "
+                     r"2\.2 points \(99\.4% -> 97\.2% on the stop set\), less than "
+                     r"config\.self_teacher\.min_loss=0\.2"):
+    check_degradation(c, 3, out(point(.994)), out(point(.972)))
+  # Read on the stop set, not the report set: a report-set drop alone does not count.
+  with pytest.raises(DegradationError, match="seed 1"):
+    check_degradation(c, 1, out(point(.99, report=.99)), out(point(.98, report=.5)))

@@ -18,10 +18,12 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # `seeds` and `phases` choose which phases run, not what a phase computes: seeds of one study may
 # run as separate processes into one workdir (`make study`), then one run with every seed reports.
 # `band` is checked on the base's measurement after the phase (a changed band re-judges the same
-# base); the report's intervals are computed from the curves (its reference arm and target
-# fraction are not neutral: the experts and MOPD stop on them).
+# base), `self_teacher.min_loss` likewise on the degrade phase's; the report's levels and
+# intervals are computed from the curves (its reference arm and target fraction are not neutral:
+# the experts and the external arm stop on them).
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
-                      "report.confidence", "band", "collapse_window", "seeds", "phases")
+                      "report.confidence", "report.levels", "band", "self_teacher.min_loss",
+                      "collapse_window", "seeds", "phases")
 
 
 def study_defaults() -> mlc.ConfigDict:
@@ -35,7 +37,16 @@ def study_defaults() -> mlc.ConfigDict:
   # final answer: the paper's regime, where a teacher's per-token signal carries more than one
   # bit per sample) or "short" (the answer alone); smjax.domains.chains.
   c.form = "chain"
-  c.heldout_size = 512            # held-out prompts per domain (a fixed set per seed)
+  c.heldout_size = 512            # report prompts per domain (a fixed held-out set per seed)
+  # The stop set: held-out prompts per domain, disjoint from the report set by construction,
+  # that every stop rule reads (an expert's checkpoint bars, an OPD phase's capture and target),
+  # so that no reported figure is read on the prompts that decided where an arm stopped
+  # (smjax.study.shared). 0: stop rules read the report set (a data set too small for two).
+  c.stop_size = 256
+  # Every arm with a stop rule runs on past the first evaluation that meets it, by at least
+  # `evals` more evaluations and `flops_fraction` more of its own training FLOPs, so that no
+  # reported curve ends at its crossing (a level a prompt resample moves up is still reached).
+  c.run_on = mlc.ConfigDict(dict(evals=3, flops_fraction=0.25))
   c.progress = True
   c.log_every = 25
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
@@ -61,7 +72,8 @@ def study_defaults() -> mlc.ConfigDict:
   # seq_len fits BOS + the longest chain-form prompt (16) + chain (40) + EOS; rows are left-padded.
   # The learning rate follows a cosine over `schedule_steps` (0: over `steps`). steps=900 and
   # correct_fraction=0.1 are the recipe for which seeds 0-4 of two_domain all land in the band
-  # (benchmarks/study_seeds.py -> docs/study_seeds.json).
+  # (benchmarks/study_seeds.py -> docs/archive/fixed_budget/study_seeds.json; the base is the
+  # same under every later instrument).
   # Domains that learn their chain at different rates take their own fraction:
   # `domain_correct_fraction="logic=0.5,strings=0.3"` (others: `correct_fraction`).
   c.base = mlc.ConfigDict(dict(steps=900, schedule_steps=0, batch_size=128,
@@ -85,28 +97,32 @@ def study_defaults() -> mlc.ConfigDict:
       impl="auto", shared_prompt=True, pack_completions=True))
   # Joint GRPO and the experts are evaluated `eval_refine` times as often as the study's grid
   # (which joint.steps / eval.points of joint GRPO's steps fix), so that the FLOPs at which each
-  # reaches its target are resolved: in this toy most of GRPO's gain comes in its first tenth.
-  # An expert stops at the first evaluation where its domain has gained `stop_fraction` of joint
-  # GRPO's final gain there, or after `steps` (the cap; stop_fraction=0: always the cap). At 1.0
-  # the experts are as good as joint GRPO on their domains, so a student that captures
-  # opd.capture_fraction of their gain lands on the report's matched target: both routes are
-  # charged what it takes to get there, not a budget set in the config.
+  # reaches a level are resolved: in this toy most of GRPO's gain comes in its first tenth.
+  # Split-then-merge is charged its cheapest route to each accuracy level (its frontier): each
+  # expert keeps a checkpoint the first time its domain, on the stop set, has gained each of
+  # `bars` (fractions of joint GRPO's final gain there), and MOPD runs from every such set of
+  # checkpoints (and from the experts' final ones); an expert stops once past its last bar (and
+  # its run-on) or after `steps` (the cap). `prompts_per_step`: the expert's batch; 0 is joint
+  # GRPO's prompts per step over the number of domains, so that a domain gets as many samples
+  # per step in both routes (rl.prompts_per_step: the full-batch variant).
   c.joint = mlc.ConfigDict(dict(steps=1200, eval_refine=4))
-  c.experts = mlc.ConfigDict(dict(steps=600, stop_fraction=1.0, eval_refine=4))
+  c.experts = mlc.ConfigDict(dict(steps=600, prompts_per_step=0, bars=(0.75, 0.9, 0.95, 1.0),
+                                  eval_refine=4))
 
   # Shared by every OPD phase (MOPD, external-teacher OPD, self-teacher recovery). shared_prompt:
   # the student step and the teachers run each prompt once for its samples_per_prompt rows.
   # full_vocab: the exact per-token reverse KL (cheap at the char vocabulary's V=128; the sampled
   # estimator's held-out accuracy is much noisier, tests/test_learning.py).
-  # Distillation is measured, not set: an OPD phase stops at the first evaluation where the
-  # student has captured `capture_fraction` of its teachers' in-domain gain over its starting
-  # point (summed over the domains) and MOPD is at the report's matched target, or after its
-  # phase's `steps` (the cap). Its evaluations come
-  # `eval_refine` times as often as the study's grid, so the FLOPs to that point are resolved.
+  # Distillation is measured, not set: an OPD phase stops (then runs on, `run_on`) at the first
+  # evaluation where the student has captured `capture_fraction` of its teachers' in-domain gain
+  # over its starting point (summed over the domains) on the stop set, or after its phase's
+  # `steps` (the cap); the external teacher's arm must also be at the report's level
+  # (report.target_fraction). Its evaluations come `eval_refine` times as often as the study's
+  # grid, so that distillation is resolved by several evaluations, not two.
   c.opd = mlc.ConfigDict(dict(
       objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto",
-      shared_prompt=True, pack_completions=True, capture_fraction=0.9, eval_refine=4))
+      shared_prompt=True, pack_completions=True, capture_fraction=0.95, eval_refine=24))
   c.mopd = mlc.ConfigDict(dict(steps=300))
 
   # The external teacher stands for someone else's post-trained model: a larger model SFT'd on
@@ -117,23 +133,30 @@ def study_defaults() -> mlc.ConfigDict:
       teacher_seq_len=96, steps=300))
 
   # Claim (d): the joint model trained `degrade_steps` more GRPO steps on `degrade_domain` (which
-  # costs it accuracy on `recover_domain`), then recovered by three routes, each stopping at the
-  # same target: the degraded accuracy plus `recover_target_fraction` of what it lost. Long
-  # enough a degradation leaves the target several evaluations away (docs/calibration.md). The
-  # recovery arms are evaluated `eval_refine` times as often as the study's grid: they are short,
-  # and their FLOPs to target is the claim.
+  # must cost it at least `min_loss` of accuracy on `recover_domain`, checked on every seed like
+  # the base's band), then recovered by three routes, each running its whole `recover_steps`;
+  # the report reads from their whole curves the FLOPs each needs to get back
+  # `recover_target_fraction` of what was lost. The recovery arms are evaluated `eval_refine`
+  # times as often as the study's grid: they are short, and their FLOPs to target is the claim.
   c.self_teacher = mlc.ConfigDict(dict(
       degrade_domain="code", recover_domain="math", degrade_steps=1000, recover_steps=200,
-      recover_target_fraction=0.9, eval_refine=64))
+      recover_target_fraction=0.9, eval_refine=64, min_loss=0.2))
 
   # Evaluation: each held-out prompt sampled `samples` times at rl.temperature (the headline
   # accuracy is their mean), plus greedy pass@1 (`greedy`); `batch_size` prompts per sampler call.
+  # An RL/OPD phase is evaluated on the grid (`points` over joint GRPO's run, refined per phase)
+  # and also whenever its own training FLOPs have grown by `growth` since its last evaluation:
+  # dense where its curve rises fast, so that each first passage is bracketed to about that share
+  # of its FLOPs (the report gives each bracket).
   c.eval = mlc.ConfigDict(dict(every_steps=0, every_flops=0.0, points=12, batch_size=128,
-                               samples=4, greedy=True))
-  # Intervals: percentile bootstrap (`bootstrap` resamples) over held-out prompts within a seed
-  # and over seeds when there are several (smjax.study.stats).
-  c.report = mlc.ConfigDict(dict(target_fraction=0.9, reference_arm="joint_grpo",
-                                 bootstrap=1000, confidence=0.95))
+                               samples=4, greedy=True, growth=0.1))
+  # The frontier's accuracy levels: the base plus each fraction of the reference arm's (joint
+  # GRPO's) final gain; every route is charged its cheapest way to each level, and the verdicts
+  # read `target_fraction` (one of them; the paper's "comparable accuracy"). Intervals: Student's
+  # t over seeds with several seeds; with one, a percentile bootstrap (`bootstrap` resamples)
+  # over held-out prompts, evaluation noise only (smjax.study.stats).
+  c.report = mlc.ConfigDict(dict(levels=(0.5, 0.75, 0.9, 0.95), target_fraction=0.9,
+                                 reference_arm="joint_grpo", bootstrap=1000, confidence=0.95))
   return c
 
 
@@ -189,6 +212,9 @@ def validate(c: mlc.ConfigDict) -> None:
                          f"config.domains={list(c.domains)}")
     if c.self_teacher.degrade_domain == c.self_teacher.recover_domain:
       raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ")
+    if not 0.0 <= float(c.self_teacher.min_loss) <= 1.0:
+      raise ValueError(f"config.self_teacher.min_loss={c.self_teacher.min_loss} must be in "
+                       "[0, 1] (an accuracy drop)")
     if int(c.self_teacher.eval_refine) < 1:
       raise ValueError(f"config.self_teacher.eval_refine={c.self_teacher.eval_refine} must be "
                        ">= 1 (1: the recovery arms are evaluated as often as the others)")
@@ -196,15 +222,29 @@ def validate(c: mlc.ConfigDict) -> None:
     if int(c[field]) < (1 if field == "log_every" else 0):
       raise ValueError(f"config.{field}={c[field]} must be >= "
                        f"{1 if field == 'log_every' else 0}")
-  if c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0:
-    raise ValueError("config.eval.every_steps / every_flops / points must be >= 0")
+  if (c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0
+      or c.eval.growth < 0):
+    raise ValueError("config.eval.every_steps / every_flops / points / growth must be >= 0")
   if c.form not in ("chain", "short"):
     raise ValueError(f"config.form={c.form!r} must be 'chain' or 'short'")
   for field in ("base.correct_fraction", "opd.capture_fraction", "band.low", "band.high",
-                "report.target_fraction", "experts.stop_fraction"):
+                "report.target_fraction", "run_on.flops_fraction"):
     sect, _, key = field.partition(".")
     if not 0.0 <= float(c[sect][key]) <= 1.0:
       raise ValueError(f"config.{field}={c[sect][key]} must be in [0, 1]")
+  for field in ("experts.bars", "report.levels"):
+    sect, _, key = field.partition(".")
+    xs = tuple(c[sect][key])
+    if not xs or any(not 0.0 < float(x) <= 1.0 for x in xs) or list(xs) != sorted(set(xs)):
+      raise ValueError(f"config.{field}={xs} must be increasing fractions in (0, 1]")
+  if c.report.target_fraction not in tuple(c.report.levels):
+    raise ValueError(f"config.report.target_fraction={c.report.target_fraction} must be one of "
+                     f"config.report.levels={tuple(c.report.levels)} (the verdicts read it)")
+  for field in ("stop_size", "experts.prompts_per_step", "run_on.evals"):
+    sect, _, key = field.partition(".")
+    value = c[sect][key] if key else c[sect]
+    if int(value) < 0:
+      raise ValueError(f"config.{field}={value} must be >= 0")
   correct_fractions(c)   # base.domain_correct_fraction parses and names study domains
   if c.band.low > c.band.high:
     raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}")

@@ -42,7 +42,8 @@ log = logging.getLogger(__name__)
 
 # Every phase reads these: the model and data, and the evaluation every curve is made of
 # (rl.max_new_tokens and rl.temperature are also the evaluation sampler's).
-COMMON_READS = ("model", "mesh", "domains", "difficulty", "form", "heldout_size", "eval",
+COMMON_READS = ("model", "mesh", "domains", "difficulty", "form", "heldout_size", "stop_size",
+                "eval",
                 "rl.max_new_tokens", "rl.temperature")
 # The base's band is measured with this many samples per held-out prompt (pass@8).
 BAND_SAMPLES = 8
@@ -166,6 +167,12 @@ def _point(step: int, fields: dict) -> dict:
           } | fields
 
 
+def train_flops(ledger: FlopLedger) -> dict[str, float]:
+  """A ledger's training FLOPs (rollout/* and train/*) by phase."""
+  return {p: float(v) for p, v in ledger.by_phase().items()
+          if p.partition("/")[0] in ("rollout", "train")}
+
+
 def _writer(workdir: str, phase: str) -> MetricsWriter:
   return MetricsWriter(os.path.join(workdir, phase, "logs"))
 
@@ -175,12 +182,17 @@ def _writer(workdir: str, phase: str) -> MetricsWriter:
 def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, algo: str,
              init_params, domains, steps: int, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
-             eval_refine: int = 1, stop_at=None) -> PhaseOutput:
+             eval_refine: int = 1, stop_at=None, prompts_per_step: int | None = None,
+             snapshot_at: dict | None = None) -> PhaseOutput:
   """One GRPO (`algo="grpo"`) or OPD (`"opd"`, scored by `router`) phase from `init_params`,
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
   FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
-  (curve point -> bool) ends it at the first evaluation that meets it (run_rl); `steps` is then
-  the cap. Its output's extra says whether it stopped there (`reached`)."""
+  (curve point -> bool, smjax.study.rules) ends it once it has run on past the first evaluation
+  that meets it by config.run_on (run_rl); `steps` is then the cap. `prompts_per_step`: its batch
+  (default: config.rl's or config.opd's). `snapshot_at` ({label: rule or None}): the parameters
+  are kept (store.snapshot_dir) at the first evaluation that meets each rule. Its output's extra
+  says whether it met `stop_at` (`reached`), at which curve point (`stop_point`), and where each
+  snapshot was taken (`snapshots`: {label: {"step", "flops"}})."""
   c = shared.config
   reads = read_fields(spec)
   grpo = algo == "grpo"
@@ -191,6 +203,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     loop = RLLoopConfig(
         steps=steps, samples_per_prompt=rl.samples_per_prompt, temperature=rl.temperature,
         eval_every_steps=c.eval.every_steps, eval_every_flops=every / eval_refine,
+        eval_growth=float(c.eval.growth),
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
         seed=shared.seed * 7919 + stream_seed, progress=c.progress,
         collapse_window=int(c.collapse_window))
@@ -201,15 +214,16 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     else:
       make_batch = functools.partial(opd_batch, router=router, layout=shared.opd_layout)
     state = shared.new_state(jax.tree.map(jnp.copy, init_params), tx)
-    prompts = shared.prompts(domains, rl.prompts_per_step, stream_seed)
+    prompts = shared.prompts(domains, prompts_per_step or rl.prompts_per_step, stream_seed)
     evaluator = shared.evaluator
     if heldout_domains is not None:
-      evaluator = make_evaluator(c, shared.sampler, shared.tokenizer,
-                                 {d: shared.heldout[d] for d in heldout_domains}, shared.verify)
+      evaluator = shared.evaluator_for(domains=heldout_domains)
     mgr = store.checkpointer(workdir, c, phase, reads)
     progress = None
+    snaps: dict = {}
     restored = mgr.restore_latest(state)
     if restored is not None:
+      snaps = dict(restored.extra.get("snapshots") or {})
       state = restored.state
       prompts.set_state(restored.data_state)
       progress = RLProgress(step=restored.step, ledger=FlopLedger.from_dict(restored.ledger),
@@ -219,7 +233,15 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
 
     def save(step_, state_, prog):
       mgr.save(step_, state_, data_state=prompts.get_state(), ledger=prog.ledger,
-               extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops})
+               extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops,
+                      "snapshots": snaps})
+
+    def on_eval(point, state_, prog):
+      for label, rule in (snapshot_at or {}).items():
+        if label not in snaps and rule is not None and rule(point):
+          store.save_params(store.snapshot_dir(workdir, phase, label), state_.params)
+          snaps[label] = {"step": point["step"], "flops": point["flops"],
+                          "flops_by_phase": train_flops(prog.ledger)}
 
     fix = None
     if grpo and not every:
@@ -235,6 +257,8 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
                       verify=shared.verify, evaluator=evaluator, writer=writer,
                       progress=progress, flops_offset=flops_offset, fix_eval_every=fix,
                       save=save, should_stop=guard.should_stop, stop_at=stop_at,
+                      run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
+                      on_eval=on_eval if snapshot_at else None,
                       collapse_advice=f"config.{'rl' if grpo else 'opd'}.learning_rate="
                       f"{rl.learning_rate} too high for this model (rerun with a lower one into "
                       f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
@@ -242,7 +266,8 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
       raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
                        "command to resume")
     return PhaseOutput(result.state.params, result.ledger, result.curve,
-                       {"last_metrics": result.last_metrics, "reached": result.reached})
+                       {"last_metrics": result.last_metrics, "reached": result.reached,
+                        "stop_point": result.stop_point, "snapshots": snaps})
 
   return store.run_phase(workdir, c, phase, reads, shared.abstract_params(), fn)
 
@@ -286,8 +311,7 @@ def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
                            num_steps=e.teacher_sft_steps, writer=writer)
     sampler = Sampler(cfg, max_new_tokens=c.rl.max_new_tokens + TEACHER_EXTRA_TOKENS,
                       eos_id=shared.tokenizer.eos_id, pad_id=shared.tokenizer.pad_id)
-    evaluator = make_evaluator(c, sampler, shared.tokenizer, shared.heldout, shared.verify,
-                               phase="eval/external_teacher")
+    evaluator = shared.evaluator_for(sampler=sampler, phase="eval/external_teacher")
     fields, calls = evaluator(state.params)
     ledger.add(calls)
     return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)],
@@ -299,19 +323,21 @@ def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
 # ------------------------------------------------------------------ the RL phases' declarations
 
 JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,))
-# An expert stops at a share of joint GRPO's gain (experts.stop_fraction), and MOPD at the
-# report's matched target too, so both start from joint GRPO's result.
-EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm"),
+# An expert keeps checkpoints at bars of joint GRPO's gain (experts.bars) and stops past the last
+# one, so it starts from joint GRPO's result; every arm with a stop rule runs on past it.
+EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm", "run_on"),
                    after=(BASE, JOINT))   # expert_<domain>
-MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "report.target_fraction"), after=(EXPERT,))
-EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps"),
+MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,))  # mopd[@<bar>]
+EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps", "run_on",
+                                                "report.target_fraction"),
                          after=(EXTERNAL_TEACHER,))
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.
 DEGRADE = PhaseSpec("degrade", reads=("self_teacher.degrade_domain", "self_teacher.degrade_steps"),
                     after=(JOINT,))
+# self_teacher.min_loss is checked between the phases (smjax.study.run.check_degradation): it
+# decides whether the recovery runs, not what it computes.
 _RECOVER = ("self_teacher.recover_domain", "self_teacher.recover_steps",
-            "self_teacher.recover_target_fraction",
-            "self_teacher.eval_refine")
+            "self_teacher.recover_target_fraction", "self_teacher.eval_refine")
 RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,))
 RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,
                              after=(DEGRADE, EXTERNAL_TEACHER))

@@ -26,7 +26,8 @@ def _num(v: dict | None, key: str = "mean") -> float:
 
 
 def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
-  """"41.3% [38.0, 44.9]" or "2.31e+12 [1.9e+12, 2.8e+12]"; "-" when absent."""
+  """"41.3% [38.0, 44.9]" or "2.31e+12 [1.9e+12, 2.8e+12]"; "≥ 2.3e+12" for a censored figure;
+  "-" when absent."""
   m = _num(v)
   if math.isnan(m):
     return "-"
@@ -38,21 +39,61 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
   else:
     f = lambda x: f"{x:.3g}"  # noqa: E731
     head = f(m)
+  head = {1: "≥ ", -1: "≤ "}.get(int(v.get("bound") or 0), "") + head
   lo, hi = _num(v, "lo"), _num(v, "hi")
   if lo == hi == m:  # an exact figure (FLOPs of one seed): no interval to show
     return head
   if math.isnan(lo) and math.isnan(hi):
-    return head + (f" ±{100 * _num(v, 'std') if pct else _num(v, 'std'):.2g}"
-                   if v.get("n", 1) > 1 else "")
+    n, cs = int(v.get("n", 1) or 1), int(v.get("censored_seeds") or 0)
+    if n > 1 and cs:
+      return head + f" ({cs}/{n} seeds censored)"
+    if int(v.get("bound") or 0):   # censored at the point estimate: "≥ x" says it
+      return head
+    if v.get("censored") or v.get("undefined"):
+      return head + f" ({100 * float(v.get('censored') or 0):.0f}% censored)"
+    return head + (f" ±{100 * _num(v, 'std') if pct else _num(v, 'std'):.2g}" if n > 1 else "")
   b = lambda x: "inf" if x == math.inf else "-inf" if x == -math.inf else f(x)  # noqa: E731
   return f"{head} [{b(lo)}, {b(hi)}]"
 
 
+def frontier_rows(report: dict) -> list[list[str]]:
+  """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
+  distillation's share and which expert stop was cheapest (per seed)."""
+  rows = []
+  for mode, where in (("mean", "mean"), ("every", "every domain")):
+    for level, at in (report.get("frontier") or {}).get(mode, {}).items():
+      sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
+      bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa
+      rows.append([f"{100 * float(level):.0f}%", where, _ci(at.get("joint")),
+                   _ci(at.get("split")), _ci(at.get("saving"), pct=True),
+                   _ci(at.get("distillation_share"), pct=True), " ".join(sets),
+                   f"{bracket('joint_bracket')} / {bracket('split_bracket')}"])
+  return rows
+
+
+def _table(title: str, cols: list[str], rows: list[list[str]]) -> list[str]:
+  widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+  line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+  return [title, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
+
+
 def format_table(report: dict) -> str:
-  """Plain-text tables (main arms, then the recovery arms) and the verdict lines."""
+  """Plain-text tables (the frontier, the main arms, the recovery arms) and the verdict lines."""
   rec_d = report.get("recover_domain")
   conf = f"{100 * report.get('confidence', 0.95):.0f}%"
+  seeds = report.get("seeds")
+  kind = report.get("interval")
+  over = (f"t intervals over seeds {seeds}" if kind == "seeds" else
+          f"seed {seeds}: intervals over prompts, evaluation noise only" if kind == "prompts" else
+          f"seeds {seeds}: percentile bootstrap over prompts and seeds")   # reports before t
   out = []
+  rows = frontier_rows(report)
+  if rows:
+    ref = report.get("reference_arm")
+    out += _table(f"Frontier: training FLOPs to each level (the base plus a share of {ref}'s "
+                  f"gain), each route's cheapest; {over}, {conf}",
+                  ["level", "read on", ref, "split-then-merge", "saving", "distill/experts",
+                   "cheapest expert stop per seed", "bracket joint / split"], rows)
   for group in ("main", "recovery"):
     arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
     if not arms:
@@ -60,12 +101,10 @@ def format_table(report: dict) -> str:
     on = rec_d if group == "recovery" else None
     tgt = report.get("target_accuracy" if group == "main" else "recover_target")
     title = ("Arms" if group == "main" else f"Self-teacher recovery of {rec_d}") + (
-        f" (matched target {_ci(tgt, pct=True)}; savings vs "
-        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; "
-        f"mean over seeds {report.get('seeds')}, {conf} intervals)")
+        f" (target {_ci(tgt, pct=True)}; savings vs "
+        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; {over}, {conf})")
     cols = ["arm", "acc" if on is None else f"{on} acc", "greedy", "per domain", "train FLOPs",
-            "FLOPs to target", "saving@target", "saving total", "distill/experts",
-            "headroom", "resp len"]
+            "FLOPs to target", "saving@target", "headroom", "resp len"]
     rows = []
     for name, a in arms.items():
       acc = a.get("accuracy_mean") if on is None else a.get("accuracy_recover_domain")
@@ -78,12 +117,8 @@ def format_table(report: dict) -> str:
       rows.append([name, _ci(acc, pct=True), _ci(greedy, pct=True), per,
                    _ci(a.get("flops_total")) if a.get("flops_total") else "- (not charged)",
                    reach_s, _ci(a.get("saving_at_target"), pct=True),
-                   _ci(a.get("saving_total"), pct=True),
-                   _ci(a.get("distillation_share"), pct=True),
                    _ci(a.get("headroom_mean"), pct=True), _ci(a.get("response_length"))])
-    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
-    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
-    out += [title, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
+    out += _table(title, cols, rows)
   if report.get("verdicts"):
     out += ["Verdicts:"] + [f"  - {v}" for v in report["verdicts"]] + [""]
   return "\n".join(out)
@@ -179,8 +214,12 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   panels = curve_series(arms, recover_domain=report.get("recover_domain"))
-  n = max(len(panels), 1)
+  front = (report.get("frontier") or {}).get("mean")
+  n = max(len(panels) + bool(front), 1)
   fig, axes = plt.subplots(1, n, figsize=(7 * n, 5), squeeze=False)
+  if front:
+    plot_frontier(axes[0][0], report)
+    axes = [axes[0][1:]]
   colors: dict[str, str] = {}
   titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
             "recovery": "Self-teacher recovery"}
@@ -205,6 +244,40 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path: str) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def plot_frontier(ax, report: dict) -> None:
+  """Training FLOPs against accuracy level, one line per route (solid: the mean over domains at
+  its level; dashed: every domain at its own), with its interval as a band; a censored point
+  (the route had not got there when it stopped) is drawn as an open marker at its bound."""
+  ref = report.get("reference_arm") or "reference"
+  drawn = []
+  for mode, ls in (("mean", "-"), ("every", "--")):
+    at = (report.get("frontier") or {}).get(mode) or {}
+    levels = sorted(at, key=float)
+    for key, label, c in (("joint", ref, "C0"), ("split", "split-then-merge", "C1")):
+      xs = [100 * float(lv) for lv in levels if at[lv].get(key)]
+      vs = [at[lv][key] for lv in levels if at[lv].get(key)]
+      if not xs:
+        continue
+      ys = [_num(v) for v in vs]
+      drawn += ys
+      lo = [_num(v, "lo") if not math.isnan(_num(v, "lo")) else y for v, y in zip(vs, ys)]
+      hi = [_num(v, "hi") if not math.isnan(_num(v, "hi")) else y for v, y in zip(vs, ys)]
+      ax.plot(xs, ys, ls, color=c, marker="o",
+              label=f"{label} ({'mean' if mode == 'mean' else 'every domain'})")
+      ax.fill_between(xs, lo, hi, color=c, alpha=0.12 if mode == "mean" else 0.06, lw=0)
+      cens = [(x, y) for x, y, v in zip(xs, ys, vs) if int(v.get("bound") or 0)]
+      if cens:
+        ax.plot(*zip(*cens), "o", mfc="white", color=c, ms=8)
+  finite = [y for y in drawn if math.isfinite(y)]
+  if finite and min(finite) > 0:   # a level at the start is 0 FLOPs; none reached: nan
+    ax.set_yscale("log")
+  ax.set_xlabel(f"accuracy level (% of {ref}'s gain over the base)")
+  ax.set_ylabel("training FLOPs to reach it (each route's cheapest)")
+  ax.set_title("Compute frontier (open markers: censored, at least)")
+  ax.grid(alpha=0.3, which="both")
+  ax.legend(fontsize=8)
 
 
 def markdown(report: dict) -> str:

@@ -1,21 +1,25 @@
 """The study's report: every figure with its confidence interval, and a verdict per claim.
 
 Input is one `ArmResult` per arm and seed (what smjax.study.run produces). Every figure is computed
-here, per seed, from the arms' FLOP ledgers and accuracy-vs-FLOPs curves (`seed_figures`):
+here, per seed, from the arms' FLOP ledgers and accuracy-vs-FLOPs curves on the report set
+(`seed_figures`; the stop rules read another set, smjax.study.rules):
 
+- each route's compute frontier (claims (a), (b)): for each accuracy level (a share of the
+  reference arm's gain over the base, on the mean over domains and with every domain at its own
+  level) the reference's first passage, and split-then-merge's cheapest: the minimum over the
+  experts' checkpoint sets of their FLOPs plus MOPD's first passage, with that set's
+  distillation share and the evaluation bracket each passage was interpolated in;
 - final held-out accuracy per domain and its mean (the mean of k samples per prompt at the
   training temperature), greedy pass@1 beside it, and the mean response length;
 - total training FLOPs by ledger phase (eval/* and base/* excluded from the totals);
-- FLOPs to first reach the matched-accuracy target (linear interpolation on the curve; +inf,
-  "never reached", when the curve stays below it);
-- the saving against the reference arm (joint GRPO): 1 - F_arm / F_ref, at the target and in
-  total, and the final accuracy's difference from the reference;
-- distillation arms: the teacher headroom captured per domain (student gain over its start /
-  the domain's teacher's gain), the distillation FLOPs to capture `capture_fraction` of it, and
-  (split-then-merge) those FLOPs as a share of the experts'.
-Each figure is reported as its mean over seeds with a percentile-bootstrap interval over held-out
-prompts and seeds (smjax.study.stats), and each claim gets a verdict line read off the intervals
-(`verdicts`).
+- FLOPs to first reach the target (the frontier's `target_fraction` level, linear interpolation on
+  the curve), and the saving against the reference arm at it, 1 - F_arm / F_ref; a level a curve
+  does not reach is censored at the arm's last FLOPs (`stats.Bound`: "at least"), not infinite;
+- distillation arms: the teacher headroom captured per domain (student gain over its start / its
+  teacher's gain, the teacher read where it was stopped).
+Each figure is reported as its mean over seeds with its interval (Student's t over seeds, or with
+one seed a percentile bootstrap over held-out prompts: smjax.study.stats), and each claim gets a
+verdict line read off the intervals, with how many seeds agree (`verdicts`).
 
 The self-teacher study's "recovery" arms are scored on the recovered domain only (recover_* are
 evaluated on it alone), so every recovery figure is read on that domain for every recovery arm,
@@ -32,6 +36,7 @@ import numpy as np
 
 from smjax.ledger import flops_to_reach
 from smjax.study import stats
+from smjax.study.rules import captured
 
 
 @dataclasses.dataclass
@@ -45,14 +50,18 @@ class ArmResult:
   note: str = ""
   group: str = "main"                  # "main" arms share each seed's matched target;
   target: float | None = None          # "recovery" arms (self-teacher study) carry their own
-  # Distillation arms: the arm whose final accuracy on each domain is the teacher's (and `start`:
-  # the arm the student started from), the fraction of the teachers' gain the run stops at, and
-  # whether it got there before its cap (`reached`; experts: whether their stop rule, a share
-  # of joint GRPO's gain, ended them before their cap).
+  # Distillation arms: the arm that was the teacher on each domain (read where `experts_at` says
+  # it was stopped, else at its end; `start`: the arm the student started from), the fraction of
+  # the teachers' gain the run stops at, and whether it met its stop rule before its cap
+  # (`reached`; experts: whether they crossed their last bar of joint GRPO's gain).
   teachers: dict = dataclasses.field(default_factory=dict)
   start: str = "base"
   capture_fraction: float | None = None
   reached: bool | None = None
+  # Split-then-merge: where each expert was stopped for this arm's teachers ({domain: {"at": a
+  # bar of experts.bars or "final", "step", "flops"}}); experts: the checkpoints they kept
+  # ({bar: {"step", "flops", ...}}).
+  experts_at: dict = dataclasses.field(default_factory=dict)
 
   @property
   def total_flops(self) -> float:
@@ -61,55 +70,6 @@ class ArmResult:
   @property
   def final(self) -> dict:
     return self.curve[-1] if self.curve else {"accuracy": {}, "mean": float("nan"), "length": {}}
-
-
-def captured(acc: dict, start: dict, teacher: dict) -> float | None:
-  """The fraction of the teachers' gain over `start` a student with accuracy `acc` has captured,
-  summed over the teachers' domains: sum(acc - start) / sum(teacher - start); None when the
-  teachers have no gain to capture."""
-  gain = sum(teacher[d] - start[d] for d in teacher)
-  return None if gain <= 0 else sum(acc[d] - start[d] for d in teacher) / gain
-
-
-def capture_rule(start: dict, teacher: dict, fraction: float):
-  """An OPD phase's stop rule (run_rl's `stop_at`): True at the first curve point that has
-  captured `fraction` of the teachers' gain; None (run to the cap) when there is none."""
-  if captured(teacher, start, teacher) is None:
-    return None
-  return lambda point: captured(point["accuracy"], start, teacher) >= fraction - 1e-12
-
-
-def matched_target(start: dict, reference: dict, fraction: float) -> float:
-  """The report's matched target from final accuracies ({domain: acc}): the start's mean plus
-  `fraction` of the reference arm's gain over it (seed_figures computes it the same way)."""
-  return _mean(start) + fraction * (_mean(reference) - _mean(start))
-
-
-def target_rule(start: dict, reference: dict, fraction: float):
-  """run_rl's `stop_at` for an arm that must reach the matched target: True at the first curve
-  point whose mean accuracy is at or above it; None (no rule) when the reference gained nothing
-  over `start`, so that the target is no mark to reach."""
-  if _mean(reference) <= _mean(start):
-    return None
-  target = matched_target(start, reference, fraction)
-  return lambda point: _mean(point["accuracy"]) >= target - 1e-12
-
-
-def expert_rule(domain: str, start: dict, reference: dict, fraction: float):
-  """An expert's stop rule: True at the first curve point where its own domain has gained
-  `fraction` of the reference arm's (joint GRPO's) final gain on that domain over `start`; None
-  (run to the cap) with fraction 0 or when the reference gained nothing there."""
-  gain = reference[domain] - start[domain]
-  if fraction <= 0 or gain <= 0:
-    return None
-  level = start[domain] + fraction * gain
-  return lambda point: point["accuracy"][domain] >= level - 1e-12
-
-
-def all_rules(*rules):
-  """The stop rule that holds when every given rule (None: no rule) holds; None when none given."""
-  rules = [r for r in rules if r is not None]
-  return (lambda point: all(r(point) for r in rules)) if rules else None
 
 
 def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = None) -> str | None:
@@ -133,31 +93,100 @@ def recover_domain_of(arms: Sequence[ArmResult], recover_domain: str | None = No
   return shared.pop() if len(shared) == 1 else None
 
 
+def _at_step(arm: ArmResult, values: list[dict], step) -> dict:
+  """`values` (one per curve point) at the last point evaluated after `step` steps; the final
+  one when `step` is None or not on the curve."""
+  at = [v for p, v in zip(arm.curve, values) if step is not None and p.get("step") == step]
+  return at[-1] if at else values[-1]
+
+
 def _mean(acc: dict) -> float:
   return float(np.mean(list(acc.values()))) if acc else math.nan
 
 
-def _reach(xs, target) -> float:
+def _reach(xs, target):
+  """First passage of `xs` ([(flops, value)]) at `target`: its FLOPs; censored at the curve's last
+  FLOPs (a `stats.Bound`, at least that) when the curve stays below; nan for an empty curve."""
+  if not xs:
+    return math.nan
   f = flops_to_reach(xs, target)
-  return math.inf if f is None else f
+  return stats.Bound(float(xs[-1][0]), +1) if f is None else f
 
 
-def _saving(f_arm: float, f_ref: float) -> float:
-  with np.errstate(divide="ignore", invalid="ignore"):
-    return float(1 - np.float64(f_arm) / np.float64(f_ref)) if f_ref else math.nan
+def _bracket(xs, target) -> float:
+  """The width of the evaluation interval a first passage was interpolated in, as a share of
+  the passage's FLOPs (0 when the curve starts above; nan when never reached)."""
+  f = flops_to_reach(xs, target) if xs else None
+  if f is None:
+    return math.nan
+  prev = None
+  for x, a in xs:
+    if a >= target:
+      return 0.0 if prev is None or f <= 0 else (x - prev) / f
+    prev = x
+  return math.nan
+
+
+def _saving(f_arm, f_ref):
+  """1 - F_arm / F_ref, carrying censoring: an arm censored above makes it at most that; a
+  reference censored above, at least that; both censored: undefined (nan)."""
+  a, r = stats.value_of(f_arm), stats.value_of(f_ref)
+  if not r or math.isnan(a) or math.isnan(r):
+    return math.nan
+  v = 1.0 - a / r
+  side_a, side_r = stats.side_of(f_arm), stats.side_of(f_ref)
+  if side_a and side_r:
+    return math.nan
+  return stats.Bound(v, -side_a or side_r) if (side_a or side_r) else v
+
+
+def _shift(x, by: float, scale: float = 1.0):
+  """(x - by) / scale, keeping a Bound's side."""
+  v = (stats.value_of(x) - by) / scale
+  return stats.Bound(v, stats.side_of(x)) if stats.side_of(x) else v
+
+
+def _cheapest(values: dict):
+  """The smallest of {label: FLOPs or Bound}: (label, value); a lower bound when a censored
+  route's bound is below every exact one (it might be cheaper still)."""
+  label = min(values, key=lambda k: (stats.value_of(values[k]), stats.side_of(values[k])))
+  return label, values[label]
+
+
+def levels_of(start: dict, reference: dict, level: float) -> dict:
+  """Per-domain accuracy levels: start + `level` x (reference - start), {domain: float}."""
+  return {d: start[d] + level * (reference[d] - start[d]) for d in start}
+
+
+def split_sets(arms) -> list[str]:
+  """The split-then-merge arms of one seed (one per expert checkpoint set), by name."""
+  return [n for n, a in arms.items() if n == SPLIT or n.startswith(SPLIT + "@")]
+
+
+SPLIT = "split_merge"
 
 
 def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
                  reference_arm: str | None, recover_domain: str | None,
-                 target: float | None = None) -> dict[str, float]:
+                 target: float | None = None, levels: Sequence[float] = ()) -> dict:
   """Every figure of one seed's arms (`arms`: {name: ArmResult}) with the held-out prompts `idx`
-  ({domain: indices}, smjax.study.stats): {"<arm>|<figure>": value}, +inf for a target never
-  reached, nan where a figure is undefined."""
+  ({domain: indices}, smjax.study.stats): {"<arm>|<figure>": value}; a first passage the arm
+  did not reach is censored (`stats.Bound`), nan marks a figure that is undefined.
+
+  The frontier (`levels`, fractions of the reference arm's gain; needs a base and the reference)
+  is under "_frontier|<mode>/<level>/<figure>": for mode "mean" the level is the base's mean plus
+  that share of the reference's mean gain, for "every" each domain must reach its own level
+  (base_d plus that share of the reference's gain on d); figures "joint" (the reference's first
+  passage), "split" (the cheapest split-then-merge set's first passage: experts' FLOPs at its
+  checkpoints plus distillation), "saving" (1 - split / joint), "distillation_share" (that set's
+  distillation FLOPs over its experts'), "joint_bracket" / "split_bracket" (the evaluation
+  interval each passage was interpolated in, as a share of its FLOPs), "set" (which set, as its
+  index in `split_sets`)."""
   acc = {n: stats.curve_values(a.curve, idx) for n, a in arms.items()}
   greedy = {n: stats.curve_values(a.curve, idx, source="greedy") for n, a in arms.items()}
   length = {n: stats.curve_values(a.curve, idx, source="length") for n, a in arms.items()}
   final = {n: v[-1] if v else {} for n, v in acc.items()}
-  out: dict[str, float] = {}
+  out: dict = {}
   if target is None:
     main = [n for n, a in arms.items() if a.group == "main" and a.curve and a.flops_by_phase]
     pool = [reference_arm] if reference_arm in arms else ([] if reference_arm else main)
@@ -209,24 +238,20 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
         f["flops_to_target"] = _reach(xs(name), tgt)
         if ref in arms and arms[ref].flops_by_phase and ref != name:
           f["saving_at_target"] = _saving(f["flops_to_target"], _reach(xs(ref), tgt))
-          f["saving_total"] = _saving(a.total_flops, arms[ref].total_flops)
           f["accuracy_vs_reference"] = scored(name, final[name]) - scored(ref, final[ref])
           f["length_vs_reference"] = f["response_length"] - (
               _mean(length[ref][-1]) if a.group == "main" or not on_rec else
               length[ref][-1].get(recover_domain, math.nan))
     if a.teachers and all(t in arms for t in a.teachers.values()) and a.start in arms:
       start = {d: final[a.start][d] for d in a.teachers}
-      teacher = {d: final[t][d] for d, t in a.teachers.items()}
+      # A checkpoint set's teachers are the experts where they were stopped, not their ends.
+      teacher = {d: _at_step(arms[t], acc[t], (a.experts_at.get(d) or {}).get("step"))[d]
+                 for d, t in a.teachers.items()}
       for d in a.teachers:
         gain = teacher[d] - start[d]
         f[f"headroom/{d}"] = (final[name][d] - start[d]) / gain if gain > 0 else math.nan
       got = captured(final[name], start, teacher)
       f["headroom_mean"] = math.nan if got is None else got
-      if a.capture_fraction is not None and captured(teacher, start, teacher) is not None:
-        frac = [(p["flops"], captured(v, start, teacher)) for p, v in zip(a.curve, acc[name])]
-        f["distill_flops_to_capture"] = _reach(frac, a.capture_fraction) - a.curve[0]["flops"]
-        if a.expert_flops:
-          f["distillation_share"] = f["distill_flops_to_capture"] / a.expert_flops
     if a.expert_flops:
       f["distillation_share_run"] = a.distill_flops / a.expert_flops
     out |= {f"{name}|{k}": v for k, v in f.items()}
@@ -234,14 +259,55 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
     out["_study|target"] = target
   if rec_target is not None:
     out["_study|recover_target"] = rec_target
+  sets = split_sets(arms)
+  if levels and "base" in arms and reference_arm in arms and sets:
+    out |= _frontier(arms, acc, final, sets, reference_arm, levels)
+  return out
+
+
+def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
+  """seed_figures' "_frontier|..." figures (its docstring)."""
+  out = {}
+  base, ref = final["base"], final[reference_arm]
+  doms = sorted(base)
+  if _mean(ref) <= _mean(base):   # the reference gained nothing: no level to reach
+    return {f"_frontier|{m}/{lv:g}/{k}": math.nan for lv in levels for m in ("mean", "every")
+            for k in ("joint", "split", "saving", "distillation_share", "set")}
+
+  def curve(name, lv, mode):
+    pts = zip(arms[name].curve, acc[name])
+    if mode == "mean":
+      return [(p["flops"], _mean(v)) for p, v in pts]
+    return [(p["flops"], min(v[d] - lv[d] for d in doms)) for p, v in pts]
+
+  for level in levels:
+    lv = levels_of(base, ref, level)
+    for mode, mark in (("mean", _mean(lv)), ("every", 0.0)):
+      key = f"_frontier|{mode}/{level:g}/"
+      joint_xs = curve(reference_arm, lv, mode)
+      joint = _reach(joint_xs, mark)
+      split_xs = {n: curve(n, lv, mode) for n in sets}
+      label, split = _cheapest({n: _reach(x, mark) for n, x in split_xs.items()})
+      chosen = arms[label]
+      out[key + "joint"] = joint
+      out[key + "split"] = split
+      out[key + "saving"] = _saving(split, joint)
+      out[key + "distillation_share"] = (
+          _shift(split, chosen.expert_flops, chosen.expert_flops) if chosen.expert_flops
+          else math.nan)
+      out[key + "joint_bracket"] = _bracket(joint_xs, mark)
+      out[key + "split_bracket"] = _bracket(split_xs[label], mark)
+      out[key + "set"] = float(sets.index(label))
   return out
 
 
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
                  target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo",
                  recover_domain: str | None = None, bootstrap: int = 1000,
-                 confidence: float = 0.95, seed: int = 0) -> dict:
-  """The report dict: {"arms": {name: {figure: summary}}, "verdicts": [...], ...}.
+                 confidence: float = 0.95, seed: int = 0,
+                 levels: Sequence[float] = (0.5, 0.75, 0.9, 0.95)) -> dict:
+  """The report dict: {"arms": {name: {figure: summary}}, "frontier": {mode: {level: {figure:
+  summary}, "sets": ...}}, "verdicts": [...], ...}.
 
   `target` (main arms), when not given, is set per seed: the base's final mean held-out accuracy
   plus target_fraction of the reference arm's gain over it (without a base arm: target_fraction
@@ -249,8 +315,14 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   recomputed in every bootstrap replicate. Recovery arms share the target their routes stopped
   at: the degraded accuracy plus their capture_fraction of the gap to their teacher; their
   savings are against `recover_grpo`. `bootstrap` replicates (0: point estimates only) at
-  `confidence`, drawn with numpy seed `seed` (smjax.study.stats).
+  `confidence`, drawn with numpy seed `seed` (smjax.study.stats). `levels`: the frontier's
+  accuracy levels as fractions of the reference arm's gain (seed_figures); `target_fraction`
+  must be one of them when the frontier is reported (its verdicts read that level).
   """
+  levels = tuple(float(x) for x in levels)
+  if levels and target_fraction not in levels:
+    raise ValueError(f"build_report: target_fraction={target_fraction} must be one of the "
+                     f"frontier's levels={levels} (the verdicts read the frontier there)")
   rec_d = recover_domain_of(arms, recover_domain)
   by_seed: dict[int, dict[str, ArmResult]] = {}
   for a in arms:
@@ -266,10 +338,11 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   reps = stats.draws(prompts, bootstrap, rng) if bootstrap and all(prompts.values()) else []
   per_seed = lambda s, idx: seed_figures(  # noqa: E731
       by_seed[s], idx, target_fraction=target_fraction, reference_arm=reference_arm,
-      recover_domain=rec_d, target=target)
+      recover_domain=rec_d, target=target, levels=levels)
   summary = stats.summarise(per_seed, stats.identity(prompts), reps, confidence)
   out = {"reference_arm": reference_arm, "recover_domain": rec_d, "confidence": confidence,
-         "bootstrap": len(reps), "seeds": sorted(by_seed), "arms": {}}
+         "bootstrap": len(reps), "seeds": sorted(by_seed), "target_fraction": target_fraction,
+         "interval": ("seeds" if len(by_seed) > 1 else "prompts"), "arms": {}}
   for name in names:
     runs = [by_seed[s][name] for s in sorted(by_seed) if name in by_seed[s]]
     figs = {k.partition("|")[2]: stats.jsonable(v) for k, v in summary.items()
@@ -289,20 +362,67 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   for key, field in (("target", "target_accuracy"), ("recover_target", "recover_target")):
     v = summary.get(f"_study|{key}")
     out[field] = None if v is None else stats.jsonable(v)
+  out["frontier"] = _frontier_summary(summary, by_seed)
   out["verdicts"] = verdicts(out)
   return out
 
 
-def _pct(v: dict, signed: bool = False) -> str:
-  """"31.0% [18.2, 44.1]" from a summary (fractions)."""
-  fmt = (lambda x: f"{100 * x:+.1f}") if signed else (lambda x: f"{100 * x:.1f}")
+def _level_key(name: str):
+  arm, _, fig = name.partition("|")
+  parts = fig.split("/")
+  return (arm, parts[0], float(parts[1])) if arm == "_frontier" and len(parts) == 3 else (arm,)
+
+
+def _frontier_summary(summary: dict, by_seed: dict) -> dict:
+  """{mode: {level: {figure: summary}, ...}} from the "_frontier|" figures; "set" becomes
+  "sets": the cheapest split-then-merge arm per seed (in the report's seed order)."""
+  out: dict = {}
+  seeds = sorted(by_seed)
+  for k, v in sorted(summary.items(), key=lambda kv: _level_key(kv[0])):
+    arm, _, fig = k.partition("|")
+    if arm != "_frontier":
+      continue
+    mode, level, name = fig.split("/")
+    at = out.setdefault(mode, {}).setdefault(level, {})
+    if name == "set":
+      names = [split_sets(by_seed[s]) for s in seeds]
+      at["sets"] = [n[int(i)] if not math.isnan(i) else None
+                    for n, i in zip(names, v["per_seed"])]
+    else:
+      at[name] = stats.jsonable(v)
+  return out
+
+
+def _fmt_pct(x: float, signed: bool = False) -> str:
+  return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+
+
+def _pct(v: dict, signed: bool = False, negate: bool = False) -> str:
+  """"31.0% [18.2, 44.1]" from a summary (fractions); a censored mean as "≥ 31.0%" (or "≤"),
+  and where no interval is supported the share of replicates or seeds that stopped it."""
+  fmt = lambda x: _fmt_pct(-x if negate else x, signed)  # noqa: E731
   m, lo, hi = (stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  if negate:
+    lo, hi = hi, lo
   if math.isnan(m):
     return "n/a"
-  s = "never" if math.isinf(m) else fmt(m) + "%"
+  bound = int(v.get("bound") or 0) * (-1 if negate else 1)
+  s = {1: "≥ ", -1: "≤ ", 0: ""}[bound] + fmt(m) + "%"
   if not (math.isnan(lo) and math.isnan(hi)):
-    s += f" [{_bound(lo, fmt)}, {_bound(hi, fmt)}]"
-  return s
+    return s + f" [{_bound(lo, fmt)}, {_bound(hi, fmt)}]"
+  return s if bound else s + _no_interval(v)
+
+
+def _no_interval(v: dict) -> str:
+  """Why a summary has no interval: censored seeds, or censored/undefined prompt replicates."""
+  n, cs = int(v.get("n") or 1), int(v.get("censored_seeds") or 0)
+  if n > 1 and cs:
+    return f" (censored on {cs} of {n} seeds: no interval)"
+  share = float(v.get("censored") or 0.0)
+  undefined = int(v.get("undefined") or 0)
+  if share or undefined:
+    return f" ({100 * share:.0f} % of replicates censored, {undefined} undefined: no interval)"
+  return ""
 
 
 def _bound(x: float, fmt) -> str:
@@ -317,54 +437,81 @@ def _side(v: dict) -> int:
   return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
+def _agree(v: dict, side: int) -> str:
+  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values)."""
+  xs = [stats.number(x) for x in v.get("per_seed") or []]
+  if len(xs) < 2:
+    return ""
+  if side == 0:
+    pos, neg = sum(x > 0 for x in xs), sum(x < 0 for x in xs)
+    return f"; {pos} of {len(xs)} seeds cheaper, {neg} dearer"
+  return f"; {sum(x * side > 0 for x in xs)} of {len(xs)} seeds agree"
+
+
+def _saving_line(what: str, s: dict, against: str, flops: dict | None = None) -> str:
+  """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
+  reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement."""
+  side, bound = _side(s), int(s.get("bound") or 0)
+  if side > 0:
+    return f"{what} needs {_pct(s)} fewer FLOPs than {against}" + _agree(s, 1)
+  if side < 0:
+    return f"{what} needs {_pct(s, negate=True)} more FLOPs than {against}" + _agree(s, -1)
+  if bound < 0:
+    at = f" ({_flops(flops)} FLOPs)" if flops else ""
+    if stats.number(s.get("mean")) < 0:
+      return (f"{what} had not reached the level when it stopped{at}: it needs "
+              f"{_pct(s, negate=True)} more FLOPs than {against}")
+    return f"{what} had not reached the level when it stopped{at}: saving {_pct(s)}"
+  return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
+
+
 def verdicts(report: dict) -> list[str]:
-  """One line per claim the report can speak to, read off the intervals."""
+  """One line per claim the report can speak to, read off the intervals, each saying how many
+  seeds agree; the last line says what the intervals cover."""
   arms, conf = report["arms"], f"{100 * report['confidence']:.0f}%"
   lines = []
   ref = report.get("reference_arm") or "the reference"
-  for name, what in (("split_merge", "split-then-merge"), ("external_opd", "external-teacher OPD")):
-    a = arms.get(name)
-    if not a or "saving_at_target" not in a:
+  level = report.get("target_fraction", 0.9)
+  front = report.get("frontier") or {}
+  for mode, where in (("mean", "mean over domains"), ("every", "every domain at its level")):
+    at = (front.get(mode) or {}).get(f"{level:g}")
+    if not at or "saving" not in at:
       continue
-    s = a["saving_at_target"]
-    side = _side(s)
-    if math.isinf(stats.number(a["flops_to_target"]["mean"])):
-      lines.append(f"{what} never reached {ref}'s matched target")
-    elif side > 0:
-      lines.append(f"{what} reaches {ref}'s matched target with {_pct(s)} fewer FLOPs")
-    elif side < 0:
-      neg = {k: (-stats.number(v) if k in ("mean", "lo", "hi") else v) for k, v in s.items()}
-      neg["lo"], neg["hi"] = neg["hi"], neg["lo"]
-      lines.append(f"{what} needs {_pct(neg)} more FLOPs than {ref} to reach its matched target")
-    else:
-      lines.append(f"{what} vs {ref}, FLOPs to the matched target: not distinguishable at this "
-                   f"resolution (saving {_pct(s)})")
-    d = a.get("accuracy_vs_reference")
-    if d:
-      lines.append(f"{what} final accuracy vs {ref}: {_pct(d, signed=True).replace('%', '')} "
-                   "points" + ("" if _side(d) else " (not distinguishable)"))
-  sm = arms.get("split_merge", {})
-  if "distillation_share" in sm:
-    share = sm["distillation_share"]
-    if math.isinf(stats.number(share["mean"])):
-      lines.append("distillation did not capture its target share of the experts' gain before "
-                   f"its cap (it spent {_pct(sm.get('distillation_share_run', {}))} of the "
-                   "experts' FLOPs)")
-    else:
-      lines.append(f"distillation cost {_pct(share)} of the experts' FLOPs to capture its target "
-                   f"fraction of their gain; teacher headroom captured {_pct(sm['headroom_mean'])}")
+    sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
+    which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
+    lines.append(f"(a) at {100 * level:.0f}% of {ref}'s gain ({where}): " + _saving_line(
+        "split-then-merge", at["saving"], ref, at["split"]) + f" ({_flops(at['split'])} against "
+        f"{_flops(at['joint'])}{which})")
+  at = (front.get("mean") or {}).get(f"{level:g}") or {}
+  if "distillation_share" in at and not math.isnan(stats.number(at["distillation_share"]["mean"])):
+    lines.append(f"(b) distillation cost {_pct(at['distillation_share'])} of the experts' "
+                 f"FLOPs on the cheapest route to {100 * level:.0f}% of {ref}'s gain")
   ext = arms.get("external_opd", {})
+  if "saving_at_target" in ext:
+    lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
+        "external-teacher OPD", ext["saving_at_target"], ref, ext.get("flops_to_target")))
   if "length_vs_reference" in ext:
     d = ext["length_vs_reference"]
     m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
     ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
     if not math.isnan(m):  # nan: a curve without lengths
-      lines.append(f"external-teacher OPD answers are {m:+.1f} tokens{ci} vs {ref}"
-                   + ("" if _side(d) else " (not distinguishable)"))
+      lines.append(f"(c) external-teacher OPD answers are {m:+.1f} tokens{ci} vs {ref}"
+                   + ("" if _side(d) else " (not distinguishable)") + _agree(d, _side(d) or 1))
   rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
   if "saving_at_target" in rs and rg:
-    s = rs["saving_at_target"]
-    lines.append("self-teacher OPD vs GRPO, FLOPs to recover: " + (
-        f"{_pct(s)} fewer" if _side(s) > 0 else f"saving {_pct(s)}, " + (
-            "GRPO cheaper" if _side(s) < 0 else "not distinguishable at this resolution")))
-  return [f"{line} ({conf} intervals)" for line in lines]
+    lines.append("(d) to recover the degraded domain: " + _saving_line(
+        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target")))
+  if not lines:
+    return []
+  n = len(report.get("seeds") or [])
+  if report.get("interval", "seeds" if n > 1 else "prompts") == "seeds":
+    tail = f"{conf} t intervals over {n} seeds (training and evaluation noise)"
+  else:
+    tail = (f"{conf} intervals over held-out prompts: evaluation noise only; one seed cannot "
+            "separate training noise")
+  return lines + [f"Intervals: {tail}."]
+
+
+def _flops(v: dict) -> str:
+  m = stats.number(v.get("mean"))
+  return "n/a" if math.isnan(m) else ("≥ " if int(v.get("bound") or 0) > 0 else "") + f"{m:.3g}"

@@ -3,9 +3,13 @@
 Every arm starts from the same SFT base model (its FLOPs are reported apart, under base/*):
 
 - `joint_grpo`: one policy, GRPO on the mixed prompt stream of all domains;
-- `split_merge`: one GRPO expert per domain, then multi-teacher OPD (MOPD) of the base student on its
-  own samples, each row scored by the expert of its domain; its FLOPs are the experts' plus the
-  distillation's, and its curve starts where the experts finished;
+- `split_merge`: one GRPO expert per domain, then multi-teacher OPD (MOPD) of the base student on
+  its own samples, each row scored by the expert of its domain; its FLOPs are the experts' plus
+  the distillation's, and its curve starts where the experts stopped. Each expert keeps its
+  parameters where it first crossed each of `experts.bars` (shares of joint GRPO's gain on its
+  domain, read on the stop set); `split_merge` distils from the experts at the last bar, and
+  `split_merge@<bar>` from each lower one: the report charges split-then-merge its cheapest set
+  per accuracy level (its frontier);
 - `external_opd`: OPD of the base student from a larger teacher warmed up on verbose solutions
   (an "external post-trained teacher": its own training is not charged to the arm);
 - `self_teacher`: the joint model trained further on one domain (which degrades the other), then
@@ -33,10 +37,10 @@ from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
 from smjax.study import store
-from smjax.study.config import validate
+from smjax.study.config import study_defaults, validate
 from smjax.study.render import format_table, write_report
-from smjax.study.report import (ArmResult, all_rules, build_report, capture_rule, expert_rule,
-                                target_rule)
+from smjax.study import rules
+from smjax.study.report import ArmResult, build_report
 from smjax.study.shared import SeedShared, seed_shared
 from smjax.study.store import PhaseOutput
 from smjax.train.teachers import Teacher
@@ -83,8 +87,39 @@ def check_band(config: mlc.ConfigDict, seed: int, base: PhaseOutput) -> None:
 
 
 def _train_flops(out: PhaseOutput) -> dict[str, float]:
-  return {p: float(v) for p, v in out.ledger.by_phase().items()
-          if p.partition("/")[0] in ("rollout", "train")}
+  return ph.train_flops(out.ledger)
+
+
+def _expert_sets(config, experts: dict[str, PhaseOutput]) -> list[tuple[str, dict]]:
+  """The experts' checkpoint sets MOPD runs from, as (arm name, {domain: {"at": the bar the expert
+  was stopped at, or "final", "step", "flops", "flops_by_phase"}}): `split_merge` from the
+  experts at the last of experts.bars (joint GRPO's level when it is 1.0), then
+  `split_merge@<bar>` for each lower bar. An expert that never crossed a bar stands in that set
+  with its final parameters (so without bars, e.g. no joint GRPO to set them, `split_merge` is
+  MOPD from the experts' ends). A set identical to an earlier one (every expert stopped at the
+  same step) is left out."""
+  bars = [f"{float(b):g}" for b in config.experts.bars]
+  out, seen = [], set()
+  for i, label in enumerate(reversed(bars)):
+    members = {}
+    for d, x in experts.items():
+      snap = (x.extra.get("snapshots") or {}).get(label)
+      if snap is None:
+        last = x.curve[-1]
+        snap = {"step": last["step"], "flops": last["flops"], "flops_by_phase": _train_flops(x)}
+        members[d] = {"at": "final", **snap}
+      else:
+        members[d] = {"at": label, **snap}
+    key = tuple(members[d]["step"] for d in sorted(members))
+    if key not in seen:
+      seen.add(key)
+      out.append(("split_merge" if i == 0 else f"split_merge@{label}", members))
+  return out
+
+
+def _stop_final(out: PhaseOutput) -> dict:
+  """A phase's final accuracy on the stop set (what the stop rules read)."""
+  return rules.stop_accuracy(out.curve[-1])
 
 
 def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
@@ -98,7 +133,6 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   base = ph.phase_base(shared, workdir)
   check_band(config, seed, base)
   arms.append(ArmResult("base", seed, base.curve, {}, note="SFT warm-up; not in any arm's FLOPs"))
-  final = lambda out: out.curve[-1]["accuracy"]  # noqa: E731
   o = config.opd
   rl = lambda spec, name, **kw: ph.rl_phase(shared, workdir, spec, name, **kw)  # noqa: E731
   joint = None
@@ -107,43 +141,57 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                domains=config.domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
-  # Split-then-merge is held to what joint GRPO reached: each expert stops once its domain has
-  # gained experts.stop_fraction of joint GRPO's final gain there, and MOPD once the student is
-  # at the report's matched target too (without joint GRPO: the caps and the capture rule).
-  ref = final(joint) if joint is not None and config.report.reference_arm == "joint_grpo" else None
+  # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
+  # parameters at its first crossings of bars of joint GRPO's final gain on its domain (read on
+  # the stop set) and stops past the last bar; MOPD runs from every set of those checkpoints.
+  ref = (_stop_final(joint) if joint is not None and config.report.reference_arm == "joint_grpo"
+         else None)
   if "experts" in phases or "mopd" in phases:
     experts = {}
+    per_step = (int(config.experts.prompts_per_step) or
+                max(1, int(config.rl.prompts_per_step) // len(config.domains)))
     for i, d in enumerate(config.domains):
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
-      stop = (None if ref is None else
-              expert_rule(d, final(base), ref, float(config.experts.stop_fraction)))
+      bars = {} if ref is None else {
+          f"{float(b):g}": rules.bar_rule(d, _stop_final(base), ref, float(b))
+          for b in config.experts.bars}
       experts[d] = rl(ph.EXPERT, name, algo="grpo", init_params=base.params, domains=[d],
                       steps=config.experts.steps, stream_seed=20 + i,
-                      eval_refine=int(config.experts.eval_refine), stop_at=stop)
+                      eval_refine=int(config.experts.eval_refine),
+                      stop_at=bars.get(f"{float(config.experts.bars[-1]):g}"),
+                      prompts_per_step=per_step, snapshot_at=bars)
       arms.append(ArmResult(name, seed, experts[d].curve, train(experts[d]),
-                            note=f"GRPO on {d} only",
-                            reached=None if stop is None else experts[d].extra.get("reached")))
+                            note=f"GRPO on {d} only, {per_step} prompts per step",
+                            reached=experts[d].extra.get("reached") if bars else None,
+                            experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
-      expert_flops = sum(sum(train(x).values()) for x in experts.values())
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
-      teachers = [Teacher(names[d], shared.model_cfg, x.params, (d,)) for d, x in experts.items()]
-      teacher_acc = {d: final(x)[d] for d, x in experts.items()}
-      mopd = rl(ph.MOPD, ph.MOPD.name, algo="opd", init_params=base.params,
-                domains=config.domains, steps=config.mopd.steps, stream_seed=30,
-                flops_offset=expert_flops, router=shared.teacher_router(teachers),
-                eval_refine=int(o.eval_refine),
-                stop_at=all_rules(
-                    capture_rule(final(base), teacher_acc, o.capture_fraction),
-                    None if ref is None else target_rule(
-                        final(base), ref, float(config.report.target_fraction))))
-      by_phase = {}
-      for x in list(experts.values()) + [mopd]:
-        for p, v in train(x).items():
-          by_phase[p] = by_phase.get(p, 0.0) + v
-      arms.append(ArmResult("split_merge", seed, mopd.curve, by_phase, expert_flops=expert_flops,
-                            distill_flops=sum(train(mopd).values()), teachers=names,
-                            capture_fraction=o.capture_fraction,
-                            reached=mopd.extra.get("reached")))
+      template = shared.abstract_params()
+      for arm, members in _expert_sets(config, experts):
+        params = {d: experts[d].params if m["at"] == "final" else store.load_params(
+            store.snapshot_dir(workdir, names[d], m["at"]), template, f"{names[d]} at {m['at']}")
+                  for d, m in members.items()}
+        teachers = [Teacher(names[d], shared.model_cfg, p, (d,)) for d, p in params.items()]
+        # The student's capture is measured against what these teachers hold on the stop set.
+        teacher_acc = {d: rules.stop_accuracy(_point_at(experts[d].curve, m["step"]))[d]
+                       for d, m in members.items()}
+        expert_flops = sum(m["flops"] for m in members.values())
+        mopd = rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo="opd",
+                  init_params=base.params, domains=config.domains, steps=config.mopd.steps,
+                  stream_seed=30, flops_offset=expert_flops,
+                  router=shared.teacher_router(teachers), eval_refine=int(o.eval_refine),
+                  stop_at=rules.capture_rule(_stop_final(base), teacher_acc, o.capture_fraction))
+        by_phase: dict[str, float] = {}
+        for part in [m["flops_by_phase"] for m in members.values()] + [train(mopd)]:
+          for p, v in part.items():
+            by_phase[p] = by_phase.get(p, 0.0) + v
+        arms.append(ArmResult(
+            arm, seed, mopd.curve, by_phase, expert_flops=expert_flops,
+            distill_flops=sum(train(mopd).values()), teachers=names,
+            capture_fraction=o.capture_fraction, reached=mopd.extra.get("reached"),
+            experts_at={d: {k: m[k] for k in ("at", "step", "flops")} for d, m in members.items()},
+            note="MOPD from the experts stopped at " + ", ".join(
+                f"{d} {m['at']} (step {m['step']})" for d, m in members.items())))
   external = None
   if "external" in phases or "self_teacher" in phases:
     external = ph.phase_external_teacher(shared, workdir)
@@ -153,10 +201,14 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   if "external" in phases:
     t = Teacher("external", get_preset(config.external.teacher_preset), external.params,
                 tuple(config.domains))
+    # Like MOPD's, plus the report's level: capture and target, both on the stop set.
     ext = rl(ph.EXTERNAL_OPD, ph.EXTERNAL_OPD.name, algo="opd", init_params=base.params,
              domains=config.domains, steps=config.external.steps, stream_seed=40,
              router=shared.teacher_router([t]), eval_refine=int(o.eval_refine),
-             stop_at=capture_rule(final(base), final(external), o.capture_fraction))
+             stop_at=rules.all_rules(
+                 rules.capture_rule(_stop_final(base), _stop_final(external), o.capture_fraction),
+                 None if ref is None else rules.target_rule(
+                     _stop_final(base), ref, float(config.report.target_fraction))))
     arms.append(ArmResult("external_opd", seed, ext.curve, train(ext),
                           distill_flops=sum(train(ext).values()),
                           teachers={d: "external_teacher" for d in config.domains},
@@ -165,6 +217,11 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     for arm in _self_teacher(shared, workdir, joint, external):
       arms.append(arm)
   return list(arms)
+
+
+def _point_at(curve: list[dict], step: int) -> dict:
+  """The curve point evaluated after `step` steps (the last one when several share it)."""
+  return [p for p in curve if p["step"] == step][-1]
 
 
 class _ArmLog(list):
@@ -204,6 +261,8 @@ def make_report(config: mlc.ConfigDict, arms: list[ArmResult], out_dir: str) -> 
   `out_dir`); returns it with "paths" and "table" added."""
   ref = config.report.reference_arm
   report = build_report(arms, target_fraction=config.report.target_fraction,
+                        # a workdir from before the frontier has no report.levels: the default
+                        levels=tuple(config.report.get("levels", study_defaults().report.levels)),
                         reference_arm=ref if any(a.arm == ref for a in arms) else None,
                         recover_domain=(config.self_teacher.recover_domain
                                         if "self_teacher" in config.phases else None),
@@ -214,15 +273,40 @@ def make_report(config: mlc.ConfigDict, arms: list[ArmResult], out_dir: str) -> 
   return report
 
 
+class DegradationError(ValueError):
+  """The degrade phase cost the recovered domain too little for claim (d) to be measured."""
+
+
+def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
+                      degraded: PhaseOutput) -> None:
+  """The degrade phase must cost the recovered domain at least self_teacher.min_loss of
+  accuracy (read on the stop set, like the base's band on the report set), or the recovery
+  target sits within noise of where recovery starts and no interval can form; DegradationError
+  naming the seed and the values otherwise."""
+  st = config.self_teacher
+  rec = st.recover_domain
+  before, after = _stop_final(joint)[rec], _stop_final(degraded)[rec]
+  if before - after < st.min_loss:
+    raise DegradationError(
+        f"seed {seed}: {st.degrade_steps} GRPO steps on {st.degrade_domain} cost {rec} only "
+        f"{100 * (before - after):.1f} points ({100 * before:.1f}% -> {100 * after:.1f}% on the "
+        f"stop set), less than config.self_teacher.min_loss={st.min_loss:g}: raise "
+        "self_teacher.degrade_steps or choose a degrade_domain that interferes with "
+        f"{rec}, into a fresh --workdir or after deleting that seed's degrade/ directory")
+
+
 def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput):
   """Claim (d): recover a domain degraded by later training, from the model's own earlier GRPO
-  checkpoint (self teacher) vs the external teacher vs GRPO; FLOPs to get back
-  recover_target_fraction of what the degradation lost on that domain (each route stops there)."""
+  checkpoint (self teacher) vs the external teacher vs GRPO. The degradation must cost the
+  domain at least self_teacher.min_loss (`check_degradation`); each route then runs its whole
+  recover_steps with dense evaluation, and the report reads from the whole curves the FLOPs each
+  needs to get back recover_target_fraction of what the degradation lost."""
   st = shared.config.self_teacher
   deg_d, rec_d = st.degrade_domain, st.recover_domain
   degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, ph.DEGRADE.name, algo="grpo",
                          init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
                          stream_seed=50)
+  check_degradation(shared.config, shared.seed, joint, degraded)
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
@@ -238,11 +322,9 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
     router = None if teacher is None else shared.teacher_router([teacher])
     out = ph.rl_phase(shared, workdir, spec, spec.name, algo=algo, init_params=degraded.params,
                       domains=[rec_d], steps=st.recover_steps, stream_seed=60 + i, router=router,
-                      heldout_domains=[rec_d], eval_refine=int(st.eval_refine),
-                      stop_at=lambda p: p["accuracy"][rec_d] >= target)
+                      heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
     arms.append(ArmResult(spec.name, shared.seed, out.curve, _train_flops(out), group="recovery",
-                          target=target, reached=out.extra.get("reached"),
-                          teachers={rec_d: "joint_grpo"}, start="degrade",
+                          target=target, teachers={rec_d: "joint_grpo"}, start="degrade",
                           capture_fraction=st.recover_target_fraction,
                           distill_flops=sum(_train_flops(out).values()) if algo == "opd" else 0.0))
   return arms

@@ -44,9 +44,10 @@ class SeedShared:
   model_cfg: ModelConfig
   mesh: Any                        # None on one device
   domains: dict                    # name -> Domain
-  heldout: dict                    # name -> [Example], fixed per study seed
+  heldout: dict                    # name -> [Example], fixed per study seed: the report set
+  stop: dict                       # name -> [Example]: the stop set (empty with stop_size=0)
   sampler: Sampler
-  evaluator: Evaluator
+  evaluator: Callable              # the report and stop sets (`evaluator_for`)
   rl_tx: optax.GradientTransformation
   grpo_step: steps_lib.JittedStep
   grpo_layout: BatchLayout
@@ -104,10 +105,64 @@ class SeedShared:
                                   split="train", seed=self.seed * 1000 + stream_seed)
     return data_lib.PromptStream(iter(ds), transform)
 
+  def evaluator_for(self, sampler: Sampler | None = None, domains=None,
+                    phase: str = "eval/heldout") -> StudyEvaluator:
+    """The study's evaluation of `domains` (default: all) with `sampler` (default: the
+    student's): the report set under `phase`, the stop set under eval/stop."""
+    domains = list(domains or self.heldout)
+    sampler = sampler or self.sampler
+    report = make_evaluator(self.config, sampler, self.tokenizer,
+                            {d: self.heldout[d] for d in domains}, self.verify, phase=phase)
+    stop = None
+    if self.stop:
+      stop = make_evaluator(self.config, sampler, self.tokenizer,
+                            {d: self.stop[d] for d in domains}, self.verify, greedy=False,
+                            phase="eval/stop")
+    return StudyEvaluator(report, stop)
+
   def teacher_router(self, teachers: list[Teacher]) -> TeacherRouter:
     """OPD teachers scoring the student's samples as the OPD objective reads them."""
     return TeacherRouter(self.model_cfg, teachers,
                          want_logits=self.config.opd.objective != "sampled")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyEvaluator:
+  """`(params) -> (fields, program calls)`: the report set's fields (smjax.train.evaluate), with
+  the stop set's accuracy under fields["stop"]["accuracy"] (what the stop rules read,
+  smjax.study.rules) when there is one."""
+  report: Evaluator
+  stop: Evaluator | None = None
+
+  def __call__(self, params):
+    fields, calls = self.report(params)
+    if self.stop is not None:
+      more, stop_calls = self.stop(params)
+      fields["stop"] = {"accuracy": more["accuracy"], "samples": more["samples"]}
+      calls = list(calls) + list(stop_calls)
+    return fields, calls
+
+
+def draw_stop_set(domain, report: list, n: int, seed: int) -> list:
+  """`n` held-out examples of `domain` whose prompts are in neither `report` nor each other:
+  drawn from the test split with a seed of their own, skipping every prompt the report set
+  holds, so the two sets are disjoint by construction. ValueError when the split has too few
+  distinct prompts (a small test file)."""
+  taken = {e.prompt for e in report}
+  out = []
+  for factor in (2, 4, 8, 16):
+    out = []
+    seen = set(taken)
+    for e in domain.generate("test", factor * n, seed=seed):
+      if e.prompt not in seen:
+        seen.add(e.prompt)
+        out.append(e)
+        if len(out) == n:
+          return out
+  raise ValueError(
+      f"config.stop_size={n}: domain {domain.name!r} has only {len(out)} held-out prompts that "
+      f"are not in its report set (config.heldout_size={len(report)}); lower config.stop_size, "
+      "or set it to 0 so that stop rules read the report set")
 
 
 def make_evaluator(config, sampler, tokenizer, heldout, verify, *, samples: int | None = None,
@@ -167,12 +222,14 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   # fixed per study seed so every arm is scored on the same examples.
   heldout = {d: dom.generate("test", config.heldout_size, seed=10_000 + seed)
              for d, dom in domains.items()}
-  check_lengths(config, tokenizer, model_cfg, heldout, domains)
+  stop = {d: draw_stop_set(dom, heldout[d], int(config.stop_size), seed=20_000 + seed)
+          for d, dom in domains.items()} if config.stop_size else {}
+  check_lengths(config, tokenizer, model_cfg,
+                {d: heldout[d] + stop.get(d, []) for d in heldout}, domains)
   rl, o = config.rl, config.opd
   sampler = Sampler(model_cfg, max_new_tokens=rl.max_new_tokens, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id, mesh=mesh)
   verify = functools.partial(verify_batch, domains=domains)
-  evaluator = make_evaluator(config, sampler, tokenizer, heldout, verify)
   # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
   rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
                                      warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
@@ -191,9 +248,9 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
                                 top_k=o.top_k, micro_batches=o.micro_batches, impl=o.impl)
   opd_step = steps_lib.jit_step(steps_lib.make_opd_step(model, opd_tx, opd_cfg, mesh=mesh),
                                 state_shardings=state_shardings(mesh, opd_tx, model_cfg))
-  return SeedShared(
+  out = SeedShared(
       config=config, seed=seed, tokenizer=tokenizer, model_cfg=model_cfg, mesh=mesh,
-      domains=domains, heldout=heldout, sampler=sampler, evaluator=evaluator,
+      domains=domains, heldout=heldout, stop=stop, sampler=sampler, evaluator=None,
       rl_tx=rl_tx, grpo_step=grpo_step,
       grpo_layout=BatchLayout(share_prompt=rl.shared_prompt, packed=rl.pack_completions,
                               micro_batches=rl.micro_batches),
@@ -201,3 +258,4 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
       opd_layout=BatchLayout(share_prompt=o.shared_prompt, packed=o.pack_completions,
                              micro_batches=o.micro_batches),
       verify=verify)
+  return dataclasses.replace(out, evaluator=out.evaluator_for())

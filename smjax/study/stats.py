@@ -1,14 +1,28 @@
-"""Confidence intervals for the study's figures: a percentile bootstrap over held-out prompts within
-a seed, and over seeds when there are several.
+"""Confidence intervals for the study's figures: over seeds when there are several, over held-out
+prompts within a seed when there is one.
 
-Every arm of a seed is evaluated on the same held-out prompts (and sampled with the same keys),
-so one resample of a seed's prompts is applied to every arm's whole curve at once: a figure that
-compares arms (a saving, a FLOP ratio, an accuracy difference) is bootstrapped paired, as it
-should be. With several seeds a replicate first draws the seeds with replacement, then each
-drawn seed's prompts; a figure's value is its mean over the drawn seeds. A figure that is
-unbounded in a replicate (a target never reached: FLOPs +inf) stays in the percentile, so an
-interval can be open on one side; a replicate where it is undefined (nan) is left out and
-counted.
+**Several seeds.** A figure's value on one seed (its arms evaluated on that seed's own held-out
+prompts) is one draw of everything that varies between runs: training noise (which samples, which
+steps) and evaluation noise (which prompts). Its headline interval is Student's t over the seeds'
+values, mean +- t_{n-1} s / sqrt(n), exact for normally distributed seeds and the one that covers
+what seeds disagree by. The two-level percentile bootstrap (seeds with replacement, then each drawn
+seed's prompts) is kept beside it (`boot_lo`, `boot_hi`), not as the headline: with n seeds its
+seed level spans about the range of the n values, which covers a mean ~75 % of the time with three
+seeds and ~85 % with five, not 95 % (tests/test_stats.py measures both on a synthetic study).
+
+**One seed.** The interval is the percentile bootstrap over held-out prompts, and it covers
+evaluation noise only: it says nothing of how far another training run would land.
+
+Every arm of a seed is evaluated on the same held-out prompts (and sampled with the same keys), so
+one resample of a seed's prompts is applied to every arm's whole curve at once: a figure that
+compares arms (a saving, an accuracy difference) is bootstrapped paired.
+
+**Censoring.** A first passage that a curve does not reach is not infinite: the arm stopped before
+it. A figure computed from one is a `Bound` (the true value is at least, or at most, the value at
+the arm's last point). A figure whose point estimate is a bound is reported as one ("≥ x"). An
+interval needs every seed's value uncensored (several seeds), or at most `MAX_UNSUPPORTED` of the
+prompt replicates censored or undefined (one seed); otherwise it is left out and the share is
+reported instead of a percentile the data cannot support.
 
 Curves store per-prompt correct counts (`correct`: {domain: [0..k]}, `samples`: k, smjax.train.
 evaluate); a curve without them (a hand-made one) gets point estimates and no interval.
@@ -16,13 +30,36 @@ evaluate); a curve without them (a hand-made one) gets point estimates and no in
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
+import scipy.stats
 
 # {seed: {domain: resampled prompt indices, or None for the prompts as they are}}
 Draw = Mapping[int, Mapping[str, np.ndarray | None]]
+
+# One seed: an interval needs at most this share of the prompt replicates censored or undefined.
+MAX_UNSUPPORTED = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """A censored figure: the true value is at least `value` (`side` +1: a first passage at or past
+  an arm's last FLOPs) or at most `value` (`side` -1, e.g. a saving against such an arm)."""
+  value: float
+  side: int
+
+
+def value_of(x) -> float:
+  """A figure's number, whether it is a float or a `Bound`."""
+  return float(x.value) if isinstance(x, Bound) else float(x)
+
+
+def side_of(x) -> int:
+  """+1 / -1 for a `Bound` (at least / at most), 0 for an exact value."""
+  return x.side if isinstance(x, Bound) else 0
 
 
 # A curve point's per-domain figure -> the per-prompt values it is the mean of (and their scale).
@@ -102,13 +139,26 @@ def _unbounded(v: np.ndarray, q: float, x: float, side: float) -> float:
   return below if math.isinf(below) else above
 
 
-def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict[str, float]],
+def t_interval(values: Sequence[float], confidence: float) -> tuple[float, float]:
+  """Student's t interval of the mean of `values` (n >= 2 finite values; else (nan, nan))."""
+  x = np.asarray(values, np.float64)
+  if x.size < 2 or not np.isfinite(x).all():
+    return math.nan, math.nan
+  half = scipy.stats.t.ppf((1 + confidence) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+  return float(x.mean() - half), float(x.mean() + half)
+
+
+def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
               point: tuple[list[int], Draw], replicates: Sequence[tuple[list[int], Draw]],
               confidence: float) -> dict[str, dict]:
-  """Every figure `per_seed(seed, idx)` returns ({name: value}), as its mean over seeds with
-  its interval over the replicates: {name: {"mean", "lo", "hi", "std" (over seeds), "n",
-  "missing" (seeds where it is nan or infinite), "undefined" (replicates left out), "per_seed"
-  (each seed's value on all its prompts, in the order of `point`'s seeds)}}."""
+  """Every figure `per_seed(seed, idx)` returns ({name: float or Bound}), as its mean over seeds
+  with its interval (module docstring): {name: {"mean", "lo", "hi", "interval" ("seeds": t over
+  the seeds; "prompts": the prompt bootstrap of one seed, evaluation noise only; "": none the
+  data supports), "bound" (+1: the mean is a lower bound, "≥"; -1: an upper one; 0: exact),
+  "censored_seeds", "censored" (share of replicates with a censored value), "undefined"
+  (replicates where it is nan), "boot_lo", "boot_hi" (the percentile bootstrap, several seeds),
+  "std" (over seeds), "n", "missing" (seeds where it is nan or infinite), "per_seed" (each seed's
+  value on all its prompts, in the order of `point`'s seeds)}}."""
 
   def over(draw):
     seeds, idx = draw
@@ -120,15 +170,32 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict[st
   reps = [over(r) for r in replicates]
   out = {}
   for name, xs in base.items():
-    x = np.asarray(xs, np.float64)
+    x = np.asarray([value_of(v) for v in xs], np.float64)
+    sides = {side_of(v) for v in xs} - {0}
+    bound = sides.pop() if len(sides) == 1 else 0
     finite = x[np.isfinite(x)]
-    means = [_mean(r.get(name, [math.nan])) for r in reps]
-    lo, hi = percentile_interval(means, confidence) if reps else (math.nan, math.nan)
-    out[name] = {"mean": _mean(xs), "lo": lo, "hi": hi,
+    rep = [r.get(name, [math.nan]) for r in reps]
+    means = [_mean([value_of(v) for v in r]) for r in rep]
+    censored = sum(any(side_of(v) for v in r) for r in rep)
+    undefined = sum(math.isnan(m) for m in means)
+    share = (censored + undefined) / len(rep) if rep else 0.0
+    boot = percentile_interval(means, confidence) if rep else (math.nan, math.nan)
+    if x.size > 1:
+      lo, hi = (math.nan, math.nan) if bound or len(sides) else t_interval(x, confidence)
+      kind = "seeds"
+    else:
+      lo, hi = boot if share <= MAX_UNSUPPORTED and not bound else (math.nan, math.nan)
+      kind = "prompts"
+    out[name] = {"mean": _mean(x), "lo": lo, "hi": hi,
+                 "interval": kind if not (math.isnan(lo) and math.isnan(hi)) else "",
+                 "bound": bound, "censored_seeds": int(sum(side_of(v) != 0 for v in xs)),
+                 "censored": censored / len(rep) if rep else 0.0,
+                 "undefined": int(undefined),
+                 "boot_lo": boot[0] if x.size > 1 else math.nan,
+                 "boot_hi": boot[1] if x.size > 1 else math.nan,
                  "std": float(np.std(finite, ddof=1)) if finite.size > 1 else 0.0,
-                 "n": len(xs), "missing": int(x.size - finite.size),
-                 "undefined": int(sum(math.isnan(m) for m in means)), "confidence": confidence,
-                 "per_seed": [float(v) for v in xs]}
+                 "n": len(xs), "missing": int(x.size - finite.size), "confidence": confidence,
+                 "per_seed": [float(v) for v in x]}
   return out
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any, Callable, Sequence
 
@@ -88,12 +89,37 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
                      res.get("extra", {}))
 
 
+def save_params(path: str, params) -> None:
+  """Parameters alone, as one orbax step under `path` (replacing what was there)."""
+  if os.path.isdir(path):
+    shutil.rmtree(path)
+  mgr = ckpt_lib.Checkpointer(path, max_to_keep=1, keep_best=False, async_save=False)
+  mgr.save(0, {"params": params})
+  mgr.close()
+
+
+def load_params(path: str, template_params, what: str):
+  """The parameters `save_params` wrote under `path` (`template_params`: their abstract shapes);
+  CorruptCheckpointError naming `what` when there are none."""
+  mgr = ckpt_lib.Checkpointer(path, max_to_keep=1, keep_best=False, async_save=False)
+  try:
+    step = mgr.latest_step()
+    if step is None:
+      raise ckpt_lib.CorruptCheckpointError(
+          f"{path} holds no saved parameters of {what}; delete the phase's directory to rerun it")
+    return mgr.restore(step, {"params": template_params}).state["params"]
+  finally:
+    mgr.close()
+
+
+def snapshot_dir(workdir: str, phase: str, label: str) -> str:
+  """Where a phase keeps the parameters it had when it first crossed mark `label`."""
+  return os.path.join(phase_dir(workdir, phase), "snapshots", label)
+
+
 def save_done(workdir: str, config: mlc.ConfigDict, phase: str, out: PhaseOutput) -> PhaseOutput:
   d = phase_dir(workdir, phase)
-  mgr = ckpt_lib.Checkpointer(os.path.join(d, "final"), max_to_keep=1, keep_best=False,
-                              async_save=False)
-  mgr.save(0, {"params": out.params})
-  mgr.close()
+  save_params(os.path.join(d, "final"), out.params)
   tmp = os.path.join(d, "result.json.tmp")
   with open(tmp, "w") as f:
     json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,

@@ -167,10 +167,12 @@ def opd_batch(ro: Rollout, *, router: TeacherRouter, layout: BatchLayout = Batch
 
 
 def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
-  """Per-domain reward and completion length, the reward's spread and the share of groups whose
-  rewards are all equal (no GRPO signal)."""
+  """Per-domain reward and completion length, the share of completions that ran to the token cap
+  (`length/at_cap`: truncated, unless the cap's last token ended them), the reward's spread and the
+  share of groups whose rewards are all equal (no GRPO signal)."""
   out = {}
   lengths = np.asarray(ro.result.lengths_B)
+  cap = getattr(getattr(ro.result, "completion_BC", None), "shape", (0, 0))[-1]
   domains = np.array([e.domain for e in ro.examples])
   for d in sorted(set(domains)):
     sel = domains == d
@@ -180,6 +182,8 @@ def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
   out["reward/mean"] = float(ro.rewards_B.mean())
   out["reward/std"] = float(ro.rewards_B.std())
   out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
+  if cap:
+    out["length/at_cap"] = float(np.mean(lengths >= cap))
   return out
 
 
@@ -194,6 +198,10 @@ class RLLoopConfig:
   top_p: float = 1.0
   eval_every_steps: int = 0
   eval_every_flops: float = 0.0
+  # Also evaluate once the run's own training FLOPs have grown by this fraction since the last
+  # evaluation (0: off): evaluations dense where a curve rises fast (its start), so that a first
+  # passage there is bracketed to about this share of its FLOPs, and the grid's later on.
+  eval_growth: float = 0.0
   log_every: int = 10
   checkpoint_every: int = 0     # steps between `save` calls (the last step and a stop always save)
   seed: int = 0
@@ -204,7 +212,8 @@ class RLLoopConfig:
     for name in ("steps", "samples_per_prompt", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 1")
-    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every", "collapse_window"):
+    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every", "collapse_window",
+                 "eval_growth"):
       if getattr(self, name) < 0:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 0 (0: off)")
 
@@ -226,16 +235,21 @@ class RunResult:
   curve: list[dict]              # {"step", "flops", "mean", and the evaluator's fields}
   last_metrics: dict
   stopped: bool = False          # `should_stop` ended the run early (after a save)
-  reached: bool = False          # `stop_at` ended the run: a curve point met its rule
+  reached: bool = False          # a curve point met `stop_at` (the run then ran on, `run_on`)
+  stop_point: int | None = None  # the index in `curve` of the first point that met it
 
 
-def _next_eval(every: float, done_flops: float) -> float:
-  """The first multiple of `every` past `done_flops` (inf when `every` is 0)."""
-  if not every:
-    return math.inf
-  nxt = every
-  while nxt <= done_flops:
-    nxt += every
+def _next_eval(every: float, done_flops: float, growth: float = 0.0,
+               offset: float = 0.0) -> float:
+  """The first multiple of `every` past `done_flops` (inf when `every` is 0), or earlier, once
+  the run's own FLOPs (`done_flops - offset`) have grown by `growth` (0: off)."""
+  nxt = math.inf
+  if every:
+    nxt = every
+    while nxt <= done_flops:
+      nxt += every
+  if growth:
+    nxt = min(nxt, offset + (done_flops - offset) * (1 + growth))
   return nxt
 
 
@@ -247,6 +261,8 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
            save: Callable[[int, Any, RLProgress], None] | None = None,
            should_stop: Callable[[], bool] | None = None,
            stop_at: Callable[[dict], bool] | None = None,
+           run_on: tuple[int, float] = (0, 0.0),
+           on_eval: Callable[[dict, Any, RLProgress], None] | None = None,
            collapse_advice: str = "a learning rate too high for this model") -> RunResult:
   """A GRPO or OPD run of at most `loop.steps` iterations from `state` (module docstring).
 
@@ -260,16 +276,21 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     training FLOPs; returns the FLOP interval of the evaluation grid from then on.
   save: `(step, state, progress)`, every `loop.checkpoint_every` steps, at the end and on a stop.
   should_stop: polled after every step (e.g. a SIGTERM flag); a stop saves and returns early.
-  stop_at: `(curve point) -> bool`, asked after every evaluation: True ends the run there, saved
-    (`reached`), e.g. a distillation that has reached its target; a resumed run whose last point
-    met it returns at once.
+  stop_at: `(curve point) -> bool`, asked after every evaluation: the first point that meets it
+    (`reached`, `stop_point`), e.g. a distillation that has reached its target, ends the run once
+    it has run on past it by `run_on` = (at least this many more evaluations, and at least this
+    fraction more of the run's own training FLOPs), so that its curve does not end at the
+    crossing; (0, 0.0) ends it there. A resumed run that had finished running on returns at once.
+  on_eval: `(curve point, state, progress)` after every evaluation (e.g. to keep a checkpoint,
+    and the ledger's totals then, the first time the policy crosses a mark).
   collapse_advice: what the collapse check (`Collapse`, `loop.collapse_window`) names as the
     likely cause when it stops the run with a CollapseError.
   """
   prog = progress if progress is not None else RLProgress()
   every = loop.eval_every_flops
   if progress is None:
-    prog.next_eval_flops = every or math.inf
+    prog.next_eval_flops = (_next_eval(every, flops_offset, loop.eval_growth, flops_offset)
+                            if loop.eval_growth else every or math.inf)
   training = lambda: flops_offset + prog.ledger.total(training_only=True)
   vocab = getattr(getattr(sampler, "cfg", None), "vocab_size", None)
   collapse = Collapse(name, loop.collapse_window, vocab, collapse_advice)
@@ -303,12 +324,27 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
                     step_s=f"{seconds:.2f}", refresh=False)
     return m
 
+  def stop_index():
+    if stop_at is None:
+      return None
+    return next((i for i, p in enumerate(prog.curve) if stop_at(p)), None)
+
+  def ran_on(at) -> bool:
+    evals, frac = run_on
+    if at is None:
+      return False
+    own = lambda p: p["flops"] - flops_offset  # noqa: E731
+    return (len(prog.curve) - 1 - at >= evals and
+            own(prog.curve[-1]) >= (1 + frac) * own(prog.curve[at]))
+
   if evaluator is not None and prog.step == 0 and not prog.curve:
     evaluate(state, 0)
-  reached = bool(stop_at is not None and prog.curve and stop_at(prog.curve[-1]))
-  if reached:
-    return RunResult(state, prog.ledger, prog.curve, {}, False, True)
-  pending, last, stopped = None, {}, False
+    if on_eval is not None:
+      on_eval(prog.curve[-1], state, prog)
+  at = stop_index()
+  if ran_on(at):
+    return RunResult(state, prog.ledger, prog.curve, {}, False, True, at)
+  pending, last, stopped, finished = None, {}, False, False
   bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not loop.progress,
              dynamic_ncols=True, initial=prog.step, total=loop.steps)
   for i in bar:
@@ -330,20 +366,24 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     due_steps = loop.eval_every_steps and done % loop.eval_every_steps == 0
     if evaluator is not None and (due_steps or training() >= prog.next_eval_flops
                                   or done == loop.steps):
-      prog.next_eval_flops = _next_eval(every, training())
+      prog.next_eval_flops = _next_eval(every, training(), loop.eval_growth, flops_offset)
       point = evaluate(state, done)
       bar.set_postfix_str(f"heldout={point['mean']:.3f}")
-      reached = stop_at is not None and stop_at(point)
+      if on_eval is not None:
+        on_eval(point, state, prog)
+      if at is None and stop_at is not None and stop_at(point):
+        at = len(prog.curve) - 1
+      finished = ran_on(at)
     if done == 1 and not every and fix_eval_every is not None:
       every = fix_eval_every(prog.ledger.total(training_only=True))
-      prog.next_eval_flops = _next_eval(every, training())
+      prog.next_eval_flops = min(prog.next_eval_flops, _next_eval(every, training()))
     stopped = should_stop is not None and should_stop()
-    if save is not None and (stopped or reached or done == loop.steps or
+    if save is not None and (stopped or finished or done == loop.steps or
                              (loop.checkpoint_every and done % loop.checkpoint_every == 0)):
       save(done, state, prog)
-    if stopped or reached:
+    if stopped or finished:
       break
   if pending is not None:
     last = finish(*pending)
   bar.close()
-  return RunResult(state, prog.ledger, prog.curve, last, stopped, reached)
+  return RunResult(state, prog.ledger, prog.curve, last, stopped, at is not None, at)

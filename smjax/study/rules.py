@@ -1,0 +1,71 @@
+"""Stop rules: when an arm of the study stops, read on the stop set only.
+
+A rule is `(curve point) -> bool`, asked by the RL loop after every evaluation (run_rl's `stop_at`,
+or an expert's checkpoint bars). Every rule reads the point's stop-set accuracy (`stop_accuracy`:
+held-out prompts disjoint from the report's, smjax.study.shared), and its marks (a start, a
+reference, a teacher) are stop-set accuracies too, so that where an arm stopped is never decided
+by the prompts its figures are reported on (smjax.study.report). A point without a stop set (a
+study with `stop_size=0`) is read on its report accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def stop_accuracy(point: dict) -> dict:
+  """{domain: accuracy} of a curve point on the stop set (its report accuracy without one)."""
+  return (point.get("stop") or {}).get("accuracy") or point["accuracy"]
+
+
+def captured(acc: dict, start: dict, teacher: dict) -> float | None:
+  """The fraction of the teachers' gain over `start` a student with accuracy `acc` has captured,
+  summed over the teachers' domains: sum(acc - start) / sum(teacher - start); None when the
+  teachers have no gain to capture."""
+  gain = sum(teacher[d] - start[d] for d in teacher)
+  return None if gain <= 0 else sum(acc[d] - start[d] for d in teacher) / gain
+
+
+def capture_rule(start: dict, teacher: dict, fraction: float):
+  """An OPD phase's stop rule: True at the first point that has captured `fraction` of the
+  teachers' gain; None (run to the cap) when there is none."""
+  if captured(teacher, start, teacher) is None:
+    return None
+  return lambda point: captured(stop_accuracy(point), start, teacher) >= fraction - 1e-12
+
+
+def matched_target(start: dict, reference: dict, fraction: float) -> float:
+  """The mean accuracy at `fraction` of the reference's gain over `start` ({domain: acc})."""
+  return _mean(start) + fraction * (_mean(reference) - _mean(start))
+
+
+def target_rule(start: dict, reference: dict, fraction: float):
+  """True at the first point whose mean accuracy is at or above `matched_target`; None (no rule)
+  when the reference gained nothing over `start`, so that the target is no mark to reach."""
+  if _mean(reference) <= _mean(start):
+    return None
+  target = matched_target(start, reference, fraction)
+  return lambda point: _mean(stop_accuracy(point)) >= target - 1e-12
+
+
+def bar_rule(domain: str, start: dict, reference: dict, fraction: float):
+  """An expert's checkpoint bar: True at the first point where its own domain has gained
+  `fraction` of the reference's (joint GRPO's) final gain there over `start`; None when the
+  reference gained nothing there."""
+  gain = reference[domain] - start[domain]
+  if fraction <= 0 or gain <= 0:
+    return None
+  level = start[domain] + fraction * gain
+  return lambda point: stop_accuracy(point)[domain] >= level - 1e-12
+
+
+def all_rules(*rules):
+  """The rule that holds when every given rule (None: no rule) holds; None when none given."""
+  rules = [r for r in rules if r is not None]
+  return (lambda point: all(r(point) for r in rules)) if rules else None
+
+
+def _mean(acc: dict) -> float:
+  return float(np.mean(list(acc.values()))) if acc else math.nan
