@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 # instead of a long one starting last and running alone.
 SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_study_hf.py",
               "test_layouts.py", "test_benchmarks.py", "test_learning.py", "test_sharded_steps.py",
-              "test_precheck.py", "test_checkpoint.py", "test_distributed.py",
+              "test_precheck.py", "test_lowering.py", "test_checkpoint.py", "test_distributed.py",
               "test_mesh_compile_once.py", "test_transformer.py", "test_rollout_decode.py")
 
 
