@@ -101,8 +101,8 @@ def study_defaults() -> mlc.ConfigDict:
   # Split-then-merge is charged its cheapest route to each accuracy level (its frontier): each
   # expert keeps a checkpoint the first time its domain, on the stop set, has gained each of
   # `bars` (fractions of joint GRPO's final gain there), and MOPD runs from every such set of
-  # checkpoints (and from the experts' final ones); an expert stops once past its last bar (and
-  # its run-on) or after `steps` (the cap). `prompts_per_step`: the expert's batch; 0 is joint
+  # checkpoints (an expert that never crossed a bar stands in its set with its whole run); an
+  # expert stops once past its last bar (and its run-on) or after `steps` (the cap). `prompts_per_step`: the expert's batch; 0 is joint
   # GRPO's prompts per step over the number of domains, so that a domain gets as many samples
   # per step in both routes (rl.prompts_per_step: the full-batch variant).
   c.joint = mlc.ConfigDict(dict(steps=1200, eval_refine=4))
