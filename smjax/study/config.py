@@ -18,12 +18,14 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # `seeds` and `phases` choose which phases run, not what a phase computes: seeds of one study may
 # run as separate processes into one workdir (`make study`), then one run with every seed reports.
 # `band` is checked on the base's measurement after the phase (a changed band re-judges the same
-# base), `self_teacher.min_loss` likewise on the degrade phase's; the report's levels and
+# base), `self_teacher.min_loss` likewise on the degrade phase's; the recovery target is read
+# off the recovery arms' whole curves by the report, like its levels; the report's levels and
 # intervals are computed from the curves (its reference arm and target fraction are not neutral:
 # the experts and the external arm stop on them).
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
                       "report.confidence", "report.levels", "band", "self_teacher.min_loss",
-                      "collapse_window", "seeds", "phases")
+                      "self_teacher.recover_target_fraction", "collapse_window", "seeds",
+                      "phases")
 
 
 def study_defaults() -> mlc.ConfigDict:

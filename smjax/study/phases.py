@@ -334,10 +334,11 @@ EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps", "
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.
 DEGRADE = PhaseSpec("degrade", reads=("self_teacher.degrade_domain", "self_teacher.degrade_steps"),
                     after=(JOINT,))
-# self_teacher.min_loss is checked between the phases (smjax.study.run.check_degradation): it
-# decides whether the recovery runs, not what it computes.
+# The recovery arms run their whole budget: their target (self_teacher.recover_target_fraction)
+# is the report's to read off their curves, and self_teacher.min_loss is checked between the
+# phases (smjax.study.run.check_degradation); neither changes what a recovery phase computes.
 _RECOVER = ("self_teacher.recover_domain", "self_teacher.recover_steps",
-            "self_teacher.recover_target_fraction", "self_teacher.eval_refine")
+            "self_teacher.eval_refine")
 RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,))
 RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,
                              after=(DEGRADE, EXTERNAL_TEACHER))
