@@ -218,7 +218,7 @@ def _frontier_arms(seed=0, split_cut=None):
                     {"train/policy": 200.0})
   early = ArmResult("split_merge@0.9", seed, _curve([(60, .2, .2), (80, .4, .5), (100, .5, .5)]),
                     {"train/policy": 100.0}, expert_flops=60.0, distill_flops=40.0)
-  late = ArmResult("split_merge@final", seed,
+  late = ArmResult("split_merge", seed,
                    _curve([(160, .2, .2), (170, .5, .5), (180, .6, .7), (190, .7, .7)]
                           [:split_cut]), {"train/policy": 190.0}, expert_flops=160.0,
                    distill_flops=30.0)
@@ -264,7 +264,7 @@ def test_frontier_report_censors_a_truncated_curve_and_names_the_set():
   rep = build_report(arms, bootstrap=20, levels=(0.5, 0.9))
   at = rep["frontier"]["mean"]["0.9"]
   assert at["split"]["mean"] == 170.0 and at["split"]["bound"] == 1
-  assert at["saving"]["bound"] == -1 and at["sets"] == ["split_merge@final"]
+  assert at["saving"]["bound"] == -1 and at["sets"] == ["split_merge"]
   (line,) = [v for v in rep["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
   assert "had not reached the level when it stopped (≥ 170 FLOPs)" in line
   assert "saving ≤ 5.6%" in line
@@ -331,7 +331,7 @@ def _verdict_report(lo, mean, hi, per_seed=(), bound=0):
   return {"confidence": 0.95, "reference_arm": "joint_grpo", "target_fraction": 0.9,
           "seeds": list(range(max(1, len(per_seed)))), "arms": {},
           "frontier": {"mean": {"0.9": {"saving": s, "split": f, "joint": {"mean": 90.0},
-                                        "sets": ["split_merge@final"]}}}}
+                                        "sets": ["split_merge"]}}}}
 
 
 def test_verdict_lines_follow_the_interval():
@@ -603,3 +603,11 @@ def test_a_frontier_at_zero_flops_is_plotted(tmp_path):
   assert rep["frontier"]["mean"]["0.9"]["joint"]["mean"] is None
   paths = write_report(rep, arms, str(tmp_path / "flat"))
   assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
+
+
+def test_no_frontier_against_split_then_merge_itself():
+  """configs/mopd.py reports against split_merge (no joint GRPO): no routes to set side by side."""
+  arms = [a for a in _frontier_arms() if a.arm != "joint_grpo"]
+  rep = build_report(arms, reference_arm="split_merge", bootstrap=0, levels=(0.9,))
+  assert rep["arms"]["split_merge@0.9"]["saving_at_target"]["mean"] is not None
+  assert rep["frontier"] == {} and not any(v.startswith("(a)") for v in rep["verdicts"])

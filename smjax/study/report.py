@@ -260,7 +260,8 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   if rec_target is not None:
     out["_study|recover_target"] = rec_target
   sets = split_sets(arms)
-  if levels and "base" in arms and reference_arm in arms and sets:
+  # The frontier compares two routes: a split-then-merge arm as the reference has none to face.
+  if levels and "base" in arms and reference_arm in arms and sets and reference_arm not in sets:
     out |= _frontier(arms, acc, final, sets, reference_arm, levels)
   return out
 
