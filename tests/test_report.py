@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from smjax.study.render import curve_series, format_table, write_report
-from smjax.study.report import ArmResult, build_report, seed_figures, verdicts
+from smjax.study.report import ArmResult, build_report, seed_figures
 from smjax.study.rules import (all_rules, bar_rule, capture_rule, captured, matched_target,
                                stop_accuracy, target_rule)
+from smjax.study.verdicts import verdicts
 
 N, K = 5, 10  # held-out prompts per domain, samples per prompt
 

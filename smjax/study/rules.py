@@ -38,16 +38,16 @@ def capture_rule(start: dict, teacher: dict, fraction: float):
 
 def matched_target(start: dict, reference: dict, fraction: float) -> float:
   """The mean accuracy at `fraction` of the reference's gain over `start` ({domain: acc})."""
-  return _mean(start) + fraction * (_mean(reference) - _mean(start))
+  return mean_accuracy(start) + fraction * (mean_accuracy(reference) - mean_accuracy(start))
 
 
 def target_rule(start: dict, reference: dict, fraction: float):
   """True at the first point whose mean accuracy is at or above `matched_target`; None (no rule)
   when the reference gained nothing over `start`, so that the target is no mark to reach."""
-  if _mean(reference) <= _mean(start):
+  if mean_accuracy(reference) <= mean_accuracy(start):
     return None
   target = matched_target(start, reference, fraction)
-  return lambda point: _mean(stop_accuracy(point)) >= target - 1e-12
+  return lambda point: mean_accuracy(stop_accuracy(point)) >= target - 1e-12
 
 
 def bar_rule(domain: str, start: dict, reference: dict, fraction: float):
@@ -67,5 +67,6 @@ def all_rules(*rules):
   return (lambda point: all(r(point) for r in rules)) if rules else None
 
 
-def _mean(acc: dict) -> float:
+def mean_accuracy(acc: dict) -> float:
+  """The mean over domains of {domain: accuracy} (nan when empty)."""
   return float(np.mean(list(acc.values()))) if acc else math.nan

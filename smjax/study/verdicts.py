@@ -1,0 +1,137 @@
+"""The study's verdict lines: one sentence per claim, read off a report's figures and intervals.
+
+A saving whose interval lies above 0 is stated as a saving, one below as a cost, one that holds 0
+as "not distinguishable", a censored one as a bound; with several seeds each line says how many
+seeds agree, and the last line says what the intervals cover (smjax.study.stats). The figures are
+smjax.study.report's (`build_report` calls `verdicts` on the report it built).
+"""
+
+from __future__ import annotations
+
+import math
+
+from smjax.study import stats
+
+
+def _fmt_pct(x: float, signed: bool = False) -> str:
+  return f"{100 * x:+.1f}" if signed else f"{100 * x:.1f}"
+
+
+def _pct(v: dict, signed: bool = False, negate: bool = False) -> str:
+  """"31.0% [18.2, 44.1]" from a summary (fractions); a censored mean as "≥ 31.0%" (or "≤"),
+  and where no interval is supported the share of replicates or seeds that stopped it."""
+  fmt = lambda x: _fmt_pct(-x if negate else x, signed)  # noqa: E731
+  m, lo, hi = (stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  if negate:
+    lo, hi = hi, lo
+  if math.isnan(m):
+    return "n/a"
+  bound = int(v.get("bound") or 0) * (-1 if negate else 1)
+  s = {1: "≥ ", -1: "≤ ", 0: ""}[bound] + fmt(m) + "%"
+  if not (math.isnan(lo) and math.isnan(hi)):
+    return s + f" [{_bound(lo, fmt)}, {_bound(hi, fmt)}]"
+  return s if bound else s + _no_interval(v)
+
+
+def _no_interval(v: dict) -> str:
+  """Why a summary has no interval: censored seeds, or censored/undefined prompt replicates."""
+  n, cs = int(v.get("n") or 1), int(v.get("censored_seeds") or 0)
+  if n > 1 and cs:
+    return f" (censored on {cs} of {n} seeds: no interval)"
+  share = float(v.get("censored") or 0.0)
+  undefined = int(v.get("undefined") or 0)
+  if share or undefined:
+    return f" ({100 * share:.0f} % of replicates censored, {undefined} undefined: no interval)"
+  return ""
+
+
+def _bound(x: float, fmt) -> str:
+  return "-inf" if x == -math.inf else "inf" if x == math.inf else "?" if math.isnan(x) else fmt(x)
+
+
+def _side(v: dict) -> int:
+  """+1 when the interval lies above 0, -1 below, 0 when it holds 0 or is missing."""
+  lo, hi = stats.number(v.get("lo")), stats.number(v.get("hi"))
+  if math.isnan(lo) or math.isnan(hi):
+    return 0
+  return 1 if lo > 0 else -1 if hi < 0 else 0
+
+
+def _agree(v: dict, side: int) -> str:
+  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values)."""
+  xs = [stats.number(x) for x in v.get("per_seed") or []]
+  if len(xs) < 2:
+    return ""
+  if side == 0:
+    pos, neg = sum(x > 0 for x in xs), sum(x < 0 for x in xs)
+    return f"; {pos} of {len(xs)} seeds cheaper, {neg} dearer"
+  return f"; {sum(x * side > 0 for x in xs)} of {len(xs)} seeds agree"
+
+
+def _saving_line(what: str, s: dict, against: str, flops: dict | None = None) -> str:
+  """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
+  reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement."""
+  side, bound = _side(s), int(s.get("bound") or 0)
+  if side > 0:
+    return f"{what} needs {_pct(s)} fewer FLOPs than {against}" + _agree(s, 1)
+  if side < 0:
+    return f"{what} needs {_pct(s, negate=True)} more FLOPs than {against}" + _agree(s, -1)
+  if bound < 0:
+    at = f" ({_flops(flops)} FLOPs)" if flops else ""
+    if stats.number(s.get("mean")) < 0:
+      return (f"{what} had not reached the level when it stopped{at}: it needs "
+              f"{_pct(s, negate=True)} more FLOPs than {against}")
+    return f"{what} had not reached the level when it stopped{at}: saving {_pct(s)}"
+  return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
+
+
+def verdicts(report: dict) -> list[str]:
+  """One line per claim the report can speak to, read off the intervals, each saying how many
+  seeds agree; the last line says what the intervals cover."""
+  arms, conf = report["arms"], f"{100 * report['confidence']:.0f}%"
+  lines = []
+  ref = report.get("reference_arm") or "the reference"
+  level = report.get("target_fraction", 0.9)
+  front = report.get("frontier") or {}
+  for mode, where in (("mean", "mean over domains"), ("every", "every domain at its level")):
+    at = (front.get(mode) or {}).get(f"{level:g}")
+    if not at or "saving" not in at:
+      continue
+    sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
+    which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
+    lines.append(f"(a) at {100 * level:.0f}% of {ref}'s gain ({where}): " + _saving_line(
+        "split-then-merge", at["saving"], ref, at["split"]) + f" ({_flops(at['split'])} against "
+        f"{_flops(at['joint'])}{which})")
+  at = (front.get("mean") or {}).get(f"{level:g}") or {}
+  if "distillation_share" in at and not math.isnan(stats.number(at["distillation_share"]["mean"])):
+    lines.append(f"(b) distillation cost {_pct(at['distillation_share'])} of the experts' "
+                 f"FLOPs on the cheapest route to {100 * level:.0f}% of {ref}'s gain")
+  ext = arms.get("external_opd", {})
+  if "saving_at_target" in ext:
+    lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
+        "external-teacher OPD", ext["saving_at_target"], ref, ext.get("flops_to_target")))
+  if "length_vs_reference" in ext:
+    d = ext["length_vs_reference"]
+    m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
+    ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
+    if not math.isnan(m):  # nan: a curve without lengths
+      lines.append(f"(c) external-teacher OPD answers are {m:+.1f} tokens{ci} vs {ref}"
+                   + ("" if _side(d) else " (not distinguishable)") + _agree(d, _side(d) or 1))
+  rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
+  if "saving_at_target" in rs and rg:
+    lines.append("(d) to recover the degraded domain: " + _saving_line(
+        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target")))
+  if not lines:
+    return []
+  n = len(report.get("seeds") or [])
+  if report.get("interval", "seeds" if n > 1 else "prompts") == "seeds":
+    tail = f"{conf} t intervals over {n} seeds (training and evaluation noise)"
+  else:
+    tail = (f"{conf} intervals over held-out prompts: evaluation noise only; one seed cannot "
+            "separate training noise")
+  return lines + [f"Intervals: {tail}."]
+
+
+def _flops(v: dict) -> str:
+  m = stats.number(v.get("mean"))
+  return "n/a" if math.isnan(m) else ("≥ " if int(v.get("bound") or 0) > 0 else "") + f"{m:.3g}"
