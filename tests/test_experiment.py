@@ -351,6 +351,7 @@ def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
     ("report.levels", (0.5, 1.5), r"config\.report\.levels=\(0\.5, 1\.5\) must be increasing"),
     ("report.target_fraction", 0.8, r"target_fraction=0\.8 must be one of"),
     ("stop_size", -1, r"config\.stop_size=-1 must be >= 0"),
+    ("mopd.plateau_evals", 0, r"config\.mopd: plateau_evals=0 must be >= 1"),
 ])
 def test_the_experts_stop_rule_and_the_refined_grids_are_validated(field, value, needle):
   from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel

@@ -13,7 +13,7 @@ import pytest
 
 from smjax.study.render import curve_series, format_table, write_report
 from smjax.study.report import ArmResult, build_report, seed_figures
-from smjax.study.rules import (all_rules, bar_rule, capture_rule, captured, matched_target,
+from smjax.study.rules import (Plateau, all_rules, bar_rule, capture_rule, captured, matched_target,
                                stop_accuracy, target_rule)
 from smjax.study.verdicts import verdicts
 
@@ -534,6 +534,73 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   full = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
                          **(kw | {"stop_at": None, "make_batch": lambda _: (None, [], {})}))
   assert not full.reached and full.stop_point is None and len(full.curve) == 11
+
+
+def test_a_plateau_holds_once_no_domain_has_a_new_best_for_its_window():
+  """Plateau(3, 0.01) on a scripted stop-set curve, by hand: it holds at the first point whose
+  last three evaluations lifted neither domain more than 0.01 above its best before them."""
+  curve = [(.2, .2), (.5, .3), (.6, .5), (.6, .6), (.605, .62), (.61, .615), (.6, .6),
+           (.59, .63), (.6, .6)]
+  point = lambda m, c: {"accuracy": {"math": 0.0, "code": 0.0},  # noqa: E731
+                        "stop": {"accuracy": {"math": m, "code": c}}}
+  rule = Plateau(3, 0.01)
+  # Index 5: window (.6,.6),(.605,.62),(.61,.615) against bests (.6, .5): code +0.12, no.
+  # Index 6: window from index 4: math .61 vs .6 (0 + 0.01: holds, within tol), code .62 vs .6:
+  # +0.02, no. Index 7: window 5-7 against bests (.605, .62): math .61 (+.005), code .63
+  # (+.01, within tol): holds.
+  assert [rule(point(*mc)) for mc in curve] == [False] * 7 + [True, True]
+  # A new best past the tolerance breaks it again; a fresh rule is needed per curve.
+  fresh = Plateau(3, 0.01)
+  assert [fresh(point(*mc)) for mc in curve[:7] + [(.7, .6)]][-1] is False
+  # Without a stop set it reads the report accuracy, like every rule.
+  report = Plateau(1, 0.0)
+  assert [report({"accuracy": {"math": a}}) for a in (.1, .2, .2)] == [False, False, True]
+  with pytest.raises(ValueError, match="plateau_evals=0"):
+    Plateau(0, 0.01)
+
+
+def test_a_capture_and_plateau_rule_resumes_to_the_same_stop(monkeypatch):
+  """MOPD's rule (capture and plateau, all_rules asking both about every point) in run_rl: it
+  runs on past the capture until the curve is flat, and a run stopped part-way and resumed with
+  a fresh rule stops where the uninterrupted run did."""
+  from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
+  ex = types.SimpleNamespace(domain="math", prompt="q")
+  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2)), [ex, ex],
+                        np.array([0.0, 1.0], np.float32))
+  monkeypatch.setattr(loop_lib, "rollout", lambda *a, **k: (ro, []))
+  monkeypatch.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
+  # Captured (>= 90 % of TEACHER's gain over START) at index 3; still rising to index 6; flat
+  # (no new best > 0.01 in 2 evaluations) first at index 8.
+  accs = [acc for acc, _ in SCRIPT] + [{"math": .7, "code": .65}, {"math": .75, "code": .7},
+                                       {"math": .75, "code": .7}, {"math": .755, "code": .7}]
+  accs += [accs[-1]] * 10
+
+  def run(progress, stop_after=None):
+    script = iter(accs[len(progress.curve):])
+    steps_done = []
+
+    def make_batch(_):
+      progress.ledger.add_flops("train/policy", 10.0)
+      return None, [], {}
+
+    cfg = loop_lib.RLLoopConfig(steps=15, samples_per_prompt=2, eval_every_steps=1,
+                                progress=False)
+    return loop_lib.run_rl(
+        types.SimpleNamespace(params="p"), name="mopd", loop=cfg, progress=progress,
+        step=lambda state, batch: (state, {"loss": 0.0, "finite": 1.0}), make_batch=make_batch,
+        sampler=None, tokenizer=None, prompts=itertools.repeat([ex]), verify=None,
+        evaluator=lambda params: ({"accuracy": next(script)}, []),
+        save=lambda *a: steps_done.append(a[0]),
+        should_stop=(lambda: progress.step == stop_after) if stop_after else None,
+        stop_at=all_rules(capture_rule(START, TEACHER, 0.9), Plateau(2, 0.01)), run_on=(1, 0.0))
+
+  whole = run(loop_lib.RLProgress())
+  assert whole.stop_point == 8 and len(whole.curve) == 10
+  progress = loop_lib.RLProgress()
+  part = run(progress, stop_after=7)
+  assert part.stopped and len(part.curve) == 8
+  resumed = run(progress)
+  assert resumed.stop_point == 8 and len(resumed.curve) == 10
 
 
 def test_evaluations_are_dense_where_a_run_starts_and_on_the_grid_later():

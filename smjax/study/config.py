@@ -125,7 +125,11 @@ def study_defaults() -> mlc.ConfigDict:
       objective="full_vocab", prompts_per_step=16, samples_per_prompt=4, temperature=1.0,
       learning_rate=1e-4, eps_low=0.2, eps_high=0.28, top_k=16, micro_batches=1, impl="auto",
       shared_prompt=True, pack_completions=True, capture_fraction=0.95, eval_refine=24))
-  c.mopd = mlc.ConfigDict(dict(steps=300))
+  # MOPD stops only once it has captured that fraction and its stop-set curve is flat as well
+  # (rules.Plateau: the last `plateau_evals` evaluations lifted no domain more than `plateau_tol`
+  # above its best before them), so that every set of expert checkpoints is distilled as far as
+  # it goes and the frontier is not censored by a distillation cut short while still rising.
+  c.mopd = mlc.ConfigDict(dict(steps=300, plateau_evals=3, plateau_tol=0.01))
 
   # The external teacher stands for someone else's post-trained model: a larger model SFT'd on
   # gold solutions in a verbose style (the answer restated after the solution), long enough to
@@ -242,6 +246,9 @@ def validate(c: mlc.ConfigDict) -> None:
   if c.report.target_fraction not in tuple(c.report.levels):
     raise ValueError(f"config.report.target_fraction={c.report.target_fraction} must be one of "
                      f"config.report.levels={tuple(c.report.levels)} (the verdicts read it)")
+  if int(c.mopd.plateau_evals) < 1 or float(c.mopd.plateau_tol) < 0:
+    raise ValueError(f"config.mopd: plateau_evals={c.mopd.plateau_evals} must be >= 1 and "
+                     f"plateau_tol={c.mopd.plateau_tol} >= 0")
   for field in ("stop_size", "experts.prompts_per_step", "run_on.evals"):
     sect, _, key = field.partition(".")
     value = c[sect][key] if key else c[sect]

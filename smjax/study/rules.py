@@ -61,10 +61,34 @@ def bar_rule(domain: str, start: dict, reference: dict, fraction: float):
   return lambda point: stop_accuracy(point)[domain] >= level - 1e-12
 
 
+class Plateau:
+  """A rule that holds once the curve has gone flat on the stop set: the last `evals` points
+  brought no domain more than `tol` above its best before them. It remembers the points it was
+  asked about, so it must be asked about every point of one curve once, in order, as run_rl
+  does (a fresh rule per run; `all_rules` asks every member). Used with the capture rule, so that
+  a distillation runs on until its curve flattens: the frontier reads first passages, and a run
+  cut short while still rising would censor the levels it had not yet reached."""
+
+  def __init__(self, evals: int, tol: float):
+    if evals < 1:
+      raise ValueError(f"config.mopd.plateau_evals={evals}: expected at least 1 evaluation")
+    self.evals, self.tol, self.seen = int(evals), float(tol), []
+
+  def __call__(self, point: dict) -> bool:
+    self.seen.append(stop_accuracy(point))
+    if len(self.seen) <= self.evals:
+      return False
+    before, window = self.seen[:-self.evals], self.seen[-self.evals:]
+    return all(max(a[d] for a in window) <= max(a[d] for a in before) + self.tol + 1e-12
+               for d in window[-1])
+
+
 def all_rules(*rules):
-  """The rule that holds when every given rule (None: no rule) holds; None when none given."""
+  """The rule that holds when every given rule (None: no rule) holds; None when none given.
+  Every rule is asked about every point (no short cut), so that a rule with a memory (`Plateau`)
+  sees the whole curve."""
   rules = [r for r in rules if r is not None]
-  return (lambda point: all(r(point) for r in rules)) if rules else None
+  return (lambda point: all([r(point) for r in rules])) if rules else None
 
 
 def mean_accuracy(acc: dict) -> float:

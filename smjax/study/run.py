@@ -180,7 +180,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                   init_params=base.params, domains=config.domains, steps=config.mopd.steps,
                   stream_seed=30, flops_offset=expert_flops,
                   router=shared.teacher_router(teachers), eval_refine=int(o.eval_refine),
-                  stop_at=rules.capture_rule(_stop_final(base), teacher_acc, o.capture_fraction))
+                  stop_at=rules.all_rules(
+                      rules.capture_rule(_stop_final(base), teacher_acc, o.capture_fraction),
+                      rules.Plateau(int(config.mopd.plateau_evals),
+                                    float(config.mopd.plateau_tol))))
         by_phase: dict[str, float] = {}
         for part in [m["flops_by_phase"] for m in members.values()] + [train(mopd)]:
           for p, v in part.items():
