@@ -31,7 +31,7 @@ fails):
 `mesh=None` means the mesh set by `jax.set_mesh` around the trace, if any; with no mesh, a
 one-device mesh, or an implementation that resolves to "xla", these are the plain functions.
 
-Legend (DESIGN.md §4): B rows, G group size, T target positions, V vocab.
+Legend (docs/design.md#shape-legend): B rows, G group size, T target positions, V vocab.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ kernel writes d loss / d logp_BT; old/ref log-probs, rewards and the mask are co
 
 The per-block math is smjax/rl/grpo.py's: the kernel bodies call its per-token and per-row
 functions on their blocks (smjax.rl.grpo's XLA path runs the same functions on whole arrays).
-`grpo_loss_fused_reference` is written apart from both, straight from the formulas (DESIGN.md §5),
-so the tests compare the kernel with code it does not share. Which implementation a train step
-runs is decided in smjax.kernels.dispatch.
+`grpo_loss_fused_reference` is written apart from both, straight from the formulas
+(docs/design.md#grpo), so the tests compare the kernel with code it does not share. Which
+implementation a train step runs is decided in smjax.kernels.dispatch.
 
 Layout: grid over row blocks of `block_b` rows; each program holds its rows' full (padded) T in
 VMEM / behind pointers and loops over T in chunks of `block_t`. Each row carries its whole group's
@@ -23,8 +23,8 @@ jax.shard_map over the batch axes, pass the global num_valid_tokens / num_sequen
 loss (as with gradient accumulation, see smjax/rl/grpo.py), as smjax.kernels.dispatch does; under
 plain jit the inputs would be gathered to every device.
 
-Legend (DESIGN.md §4): B rows, G group size, T target positions (the scored completion columns);
-the per-row statistics are `stats` [B, STATS_WIDTH].
+Legend (docs/design.md#shape-legend): B rows, G group size, T target positions (the scored
+completion columns); the per-row statistics are `stats` [B, STATS_WIDTH].
 """
 
 import dataclasses
@@ -298,8 +298,8 @@ def grpo_loss_fused_reference(logp_BT, old_logp_BT, ref_logp_BT, rewards_B, mask
                               num_valid_tokens=None, num_sequences=None, *, group_size,
                               advantage_mode, advantage_eps=1e-6, eps_low, eps_high, beta,
                               kl_estimator, aggregation, max_len=None):
-  """Pure-jnp reference of `grpo_loss_fused`, written from the formulas (DESIGN.md §5) and sharing
-  no code with the kernel or smjax.rl.grpo: (loss, aux) with the same metrics.
+  """Pure-jnp reference of `grpo_loss_fused`, written from the formulas (docs/design.md#grpo) and
+  sharing no code with the kernel or smjax.rl.grpo: (loss, aux) with the same metrics.
 
   Advantages per group of G rows: grpo (r - mean) / (std + eps) with the unbiased std, drgrpo
   r - mean, rloo r - mean of the other G - 1, 0 for a group whose rewards are all equal;

@@ -29,8 +29,8 @@ Triton IR (lowering_platforms=("tpu",) / ("cuda",)). Compiling and running on a 
 the default block sizes, are unverified. Vocab and token counts need not divide the blocks: tails
 are masked.
 
-Legend (DESIGN.md §4): V vocab; the token axis (any leading dims flattened) is named in words
-(`tokens`, `_tokV`), and `block_n` is the tokens per block.
+Legend (docs/design.md#shape-legend): V vocab; the token axis (any leading dims flattened) is named
+in words (`tokens`, `_tokV`), and `block_n` is the tokens per block.
 """
 
 import dataclasses

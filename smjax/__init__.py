@@ -4,8 +4,8 @@ GRPO experts per domain, multi-teacher on-policy distillation (MOPD) into one st
 ledger that counts every training FLOP of each route. See README.md for the map of the package.
 
 Shapes are in the names of arrays (`logits_BTV`, `mask_BT`), with one letter legend for the whole
-project (DESIGN.md §4); no module gives a letter another meaning, and anything else is named in
-words (`s_BT_topk`, `w_Bblocks_block`):
+project (docs/design.md#shape-legend); no module gives a letter another meaning, and anything else
+is named in words (`s_BT_topk`, `w_Bblocks_block`):
 
   B rows            G group size (samples per prompt)   P prompt length     C completion length
   S = P + C         T = S - 1 target positions (query time inside the model)

@@ -19,8 +19,8 @@ carried as a static `Layout` (part of the treedef, so part of every compiled pro
 same scores up to float rounding. Builders check the layout on the host (`check_layout`) and raise
 a ValueError naming the row and field, so a batch that reaches a step is valid by construction.
 
-Legend (the project's one legend, DESIGN.md §4): B rows, G group size, P prompt length,
-C completion length, S = P + C sequence length, T = S - 1 target positions, D model dim,
+Legend (the project's one legend, docs/design.md#shape-legend): B rows, G group size, P prompt
+length, C completion length, S = P + C sequence length, T = S - 1 target positions, D model dim,
 N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers.
 """
 

@@ -13,9 +13,9 @@ filled by the stage's end, so attention reads the filled part of the cache (to w
 rather than all P + C - 1 slots; the tokens are those of one loop. `decode_step_jit` is one loop
 iteration jitted alone: its cost analysis on a stage's cache is that stage's per-step FLOPs.
 
-Legend (DESIGN.md §4): B rows (prompts x G), G samples per prompt, P prompt length (bucketed),
-C new (completion) tokens, V vocab; stop sets are named in words (`stop_tokens`: [stop sequences,
-window]).
+Legend (docs/design.md#shape-legend): B rows (prompts x G), G samples per prompt, P prompt length
+(bucketed), C new (completion) tokens, V vocab; stop sets are named in words
+(`stop_tokens`: [stop sequences, window]).
 """
 
 from __future__ import annotations

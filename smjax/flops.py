@@ -1,7 +1,7 @@
 """FLOPs of compiled executables (XLA cost analysis) and the analytic "useful" count beside them.
 
 A FLOP is what XLA's cost analysis of the compiled executable says it does, times how often it ran
-(DESIGN.md §6). The rules this file holds to:
+(docs/design.md#flop-accounting). The rules this file holds to:
 
 - **Global FLOPs.** XLA's cost analysis of an SPMD program reports the FLOPs of *one device's*
   program (a matmul sharded 8 ways reports 2·M·N·K / 8). `compiled_flops` multiplies by the number
@@ -24,9 +24,9 @@ A FLOP is what XLA's cost analysis of the compiled executable says it does, time
   signature); asking again in the hot loop compiles nothing.
 - FLOPs are Python ints (XLA's counts are integral), so ledger sums are exact at any size.
 
-The analytic counts use the project's legend (DESIGN.md §4) for the model's sizes: D model dim,
-N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; token and key counts are
-named in words.
+The analytic counts use the project's legend (docs/design.md#shape-legend) for the model's
+sizes: D model dim, N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; token and
+key counts are named in words.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The FLOP ledger: FLOPs x invocations per phase, persisted, and FLOPs-to-reach-accuracy.
 
-Phases (DESIGN.md §6) are "<namespace>/<name>": `rollout/prefill`, `rollout/decode`,
-`train/policy`, `train/reference`, `train/teacher` count towards training totals; `eval/*`
-(held-out evaluation) and `base/*` (base-model preparation, the same for every arm) are reported
-separately and excluded from them.
+Phases (docs/design.md#ledger-phases) are "<namespace>/<name>": `rollout/prefill`,
+`rollout/decode`, `train/policy`, `train/reference`, `train/teacher` count towards training
+totals; `eval/*` (held-out and stop-set evaluation) and `base/*` (what no arm is charged: the
+base model's SFT, the external teacher's, claim (d)'s degradation) are reported separately and
+excluded from them.
 
 The ledger keeps records (phase, program, flops_per_call, calls, useful, step) and per-phase totals,
 updated together so that a phase's total is always exactly the sum of its records' flops_per_call x

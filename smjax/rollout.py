@@ -23,14 +23,14 @@ The device programs (the decode loop's state, sampling, prefill, the decode loop
 why the step is laid out as it is) are in smjax.decode; this module is the host side that runs
 them and accounts for them.
 
-FLOPs (DESIGN.md §6): each result carries `program_calls`: the prefill program once and, per
-decode stage, the separately jitted single decode step on that stage's cache (the exact loop
-body) times the decode steps that ran in it.
+FLOPs (docs/design.md#flop-accounting): each result carries `program_calls`: the prefill program
+once and, per decode stage, the separately jitted single decode step on that stage's cache (the
+exact loop body) times the decode steps that ran in it.
 The "useful" count is `smjax.flops.analytic_flops` of the real (unpadded) tokens.
 
-Legend (DESIGN.md §4): B rows (prompts x G), G samples per prompt, P prompt length (bucketed),
-C new (completion) tokens, V vocab; stop sets are named in words (`stop_tokens`: [stop sequences,
-window]).
+Legend (docs/design.md#shape-legend): B rows (prompts x G), G samples per prompt, P prompt length
+(bucketed), C new (completion) tokens, V vocab; stop sets are named in words
+(`stop_tokens`: [stop sequences, window]).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Token choice for the sampler: top-k / top-p filtering and inverse-CDF draws over the vocabulary.
 
-Legend (DESIGN.md §4): B rows, V vocab; the two-level cdf names its vocabulary blocks in words
-(`_Bblocks`: one value per block, `_Bblock`: one per token of a block).
+Legend (docs/design.md#shape-legend): B rows, V vocab; the two-level cdf names its vocabulary blocks
+in words (`_Bblocks`: one value per block, `_Bblock`: one per token of a block).
 """
 
 from __future__ import annotations

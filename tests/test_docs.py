@@ -1,6 +1,7 @@
 """The docs cannot drift from the runs or from the tree: every generated block of README.md and
 docs/*.md equals what `python -m smjax.study.render --update-docs` renders from the report JSON it
-names, and every relative link in them points to a file (and heading) that exists."""
+names, every relative link in them points to a file (and heading) that exists, and every
+`docs/design.md#<section>` that the code cites is a heading of docs/design.md."""
 
 import glob
 import os
@@ -67,3 +68,39 @@ def test_relative_links_point_to_existing_files(page):
     elif anchor and file.endswith(".md") and anchor not in _anchors(open(file).read()):
       broken.append(f"{target} (no heading #{anchor} in {os.path.relpath(file, ROOT)})")
   assert not broken, f"{page}: broken links: {broken}"
+
+
+# Where the repository's own files cite docs/design.md (code comments and docstrings, configs,
+# launch scripts, notebooks, docs); runs/, the venv and build outputs are not the repository's.
+CITING_DIRS = ("smjax", "kernels", "configs", "benchmarks", "tests", "launch", "notebooks", "docs")
+CITING_SUFFIXES = (".py", ".md", ".sh", ".ipynb", ".toml", ".txt")
+DESIGN_CITATION = re.compile(r"docs/design\.md(?:#([\w-]+))?")
+
+
+def _citing_files():
+  yield from (name for name in ("README.md", "Makefile", "pyproject.toml")
+              if os.path.exists(os.path.join(ROOT, name)))
+  for top in CITING_DIRS:
+    for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
+      dirnames[:] = [d for d in dirnames if not d.startswith(".") and d != "__pycache__"]
+      for name in filenames:
+        if name.endswith(CITING_SUFFIXES):
+          yield os.path.relpath(os.path.join(dirpath, name), ROOT)
+
+
+def test_design_citations_name_existing_sections():
+  """`docs/design.md#<anchor>` in any file of the repository names a heading of docs/design.md
+  (GitHub's anchor slugs), and no file cites the design notes that lived outside the repository."""
+  anchors = _anchors(_read("docs/design.md"))
+  broken, outside = [], []
+  for path in _citing_files():
+    with open(os.path.join(ROOT, path), encoding="utf-8", errors="replace") as f:
+      for number, line in enumerate(f, 1):
+        broken += [f"{path}:{number}: #{a}" for a in DESIGN_CITATION.findall(line)
+                   if a and a not in anchors]
+        if re.search(r"\bDESIGN\.md", line):
+          outside.append(f"{path}:{number}")
+  assert not broken, (f"citations of headings docs/design.md does not have: {broken}; "
+                      f"its anchors: {sorted(anchors)}")
+  assert not outside, f"files citing the outside design notes; cite docs/design.md#<section>: " \
+      f"{outside}"

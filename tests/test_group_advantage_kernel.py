@@ -7,7 +7,7 @@ is itself checked against a case computed by hand. On CPU the kernel runs in Pal
 TPU (Mosaic) and GPU (Triton) lowering is checked by lowering for those platforms on CPU. Which of
 them a step runs is tests/test_dispatch.py's.
 
-Legend (DESIGN.md §4): B rows, G group size, T target positions.
+Legend (docs/design.md#shape-legend): B rows, G group size, T target positions.
 """
 
 import functools
@@ -103,7 +103,8 @@ HAND_A = {"grpo": 0.5 / (math.sqrt(0.5) + 1e-6), "drgrpo": 0.5, "rloo": 1.0}
 
 
 def _hand_expectations(a, *, beta, kl_estimator, aggregation, max_len):
-  """Loss, d loss / d logp [4, 2] and the metrics of HAND, token by token from DESIGN.md §5."""
+  """Loss, d loss / d logp [4, 2] and the metrics of HAND, token by token from
+  docs/design.md#grpo."""
   d = [-0.2, -0.2, 0.0, 0.0, 0.3]  # the five valid tokens, row-major
   pg = [-math.exp(0.1) * a, -1.28 * a, -0.8 * -a, -1.0 * -a, 0.0]
   # d pg / d logp = -A rho where unclipped, 0 where clipped; d k3 / d logp = 1 - exp(d), k1: 1

@@ -1,6 +1,6 @@
 """Tests for smjax/rl/grpo.py: hand-computed values, an independent numpy loss, finite differences.
 
-Legend (DESIGN.md §4): B rows, G group size, T target positions, V vocab.
+Legend (docs/design.md#shape-legend): B rows, G group size, T target positions, V vocab.
 """
 
 import math

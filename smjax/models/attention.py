@@ -14,9 +14,9 @@ layer computes no more than a score reads (`PackedRows.scored_rows`): its querie
 output, MLP and final norm run on each prompt's last column and the completion slots, while its
 keys and values still cover every prompt token.
 
-Letters (the project's legend, DESIGN.md §4): B rows, T query time (a packed call's stream), S key
-slots, N query heads, K kv heads, H head dim, P prompt columns, C completion columns; in the
-einsums `r` is the query heads per kv head (N = K·r), a local letter.
+Letters (the project's legend, docs/design.md#shape-legend): B rows, T query time (a packed call's
+stream), S key slots, N query heads, K kv heads, H head dim, P prompt columns, C completion columns;
+in the einsums `r` is the query heads per kv head (N = K·r), a local letter.
 """
 
 from __future__ import annotations

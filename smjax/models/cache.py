@@ -1,7 +1,8 @@
 """The decoder's KV cache (smjax.models.transformer): per-layer keys and values, which slots hold
 real tokens, the next write slot, and the sampler's decode layout with keys transposed.
 
-Letters (the project's legend, DESIGN.md §4): B rows, S key slots, K kv heads, H head dim.
+Letters (the project's legend, docs/design.md#shape-legend): B rows, S key slots, K kv heads,
+H head dim.
 """
 
 from __future__ import annotations

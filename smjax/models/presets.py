@@ -15,7 +15,8 @@ _LLAMA32 = dict(rope_theta=5e5, rms_norm_eps=1e-5, max_seq_len=131072, tie_embed
                 rope_scaling=RopeScaling(32.0, 1.0, 4.0, 8192))
 
 PRESETS: dict[str, ModelConfig] = {
-    # Toy char-level decoders (DESIGN.md §7 calibration: 2 layers, d_model 64 learns in seconds).
+    # Toy char-level decoders (docs/design.md#toy-model-size: 2 layers, d_model 64 learns the
+    # toy tasks in seconds).
     "toy-tiny": ModelConfig(vocab_size=CHAR_VOCAB_SIZE, d_model=64, n_layers=2, n_heads=4,
                             n_kv_heads=4, head_dim=16, d_ff=256, max_seq_len=64, name="toy-tiny"),
     "toy-small": ModelConfig(vocab_size=CHAR_VOCAB_SIZE, d_model=128, n_layers=4, n_heads=4,

@@ -17,9 +17,9 @@ on the stream and only attention moves to the padded rows (smjax.models.attentio
 returns the rows a score reads (`PackedRows.scored_rows`: each prompt's last column, then the
 completion slots), which the last layer computes alone.
 
-Letters (the project's legend, DESIGN.md §4): B rows, T query time, S key slots, D model dim,
-N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; RoPE tables are [B, T, H/2]
-(`_BT_half`).
+Letters (the project's legend, docs/design.md#shape-legend): B rows, T query time, S key slots,
+D model dim, N query heads, K kv heads, H head dim, F mlp dim, V vocab, L layers; RoPE tables are
+[B, T, H/2] (`_BT_half`).
 
 Every weight matmul (projections, MLP, LM head) runs as one 2-D `[rows, D] @ [D, out]` product on
 the flattened rows (`dense`): XLA's CPU backward of the 3-D einsums (BTD,DNH->BTNH, ...) is much

@@ -1,6 +1,6 @@
 """GRPO algorithm core: group advantages, the clipped per-token objective, aggregation, metrics.
 
-The single source of truth for the GRPO math (DESIGN.md §5), in plain jnp: `grpo_loss` and
+The single source of truth for the GRPO math (docs/design.md#grpo), in plain jnp: `grpo_loss` and
 `grpo_loss_from_rewards` run the functions below on whole arrays. The fused Pallas kernel in
 kernels/group_advantage.py calls the same per-token and per-row functions on its blocks; which of
 the two runs is decided in one place, smjax.kernels.dispatch (this module imports no kernel).
@@ -14,8 +14,8 @@ and add the micro-batch losses. Pass the *global* `num_valid_tokens` (token_mean
 micro-batch losses (and gradients) then equals the full-batch loss. Without them each call
 normalises by its own counts. Ratio/clip/KL metrics in aux are always micro-batch means.
 
-Legend (DESIGN.md §4): B rows (prompts x G), G group size, T target positions (the scored
-completion columns), V vocab; per-row statistics are `stats` [B, NUM_STATS] (STAT_NAMES).
+Legend (docs/design.md#shape-legend): B rows (prompts x G), G group size, T target positions (the
+scored completion columns), V vocab; per-row statistics are `stats` [B, NUM_STATS] (STAT_NAMES).
 """
 
 import numbers

@@ -9,7 +9,7 @@ take_along_axis would keep the [B, T, V] log-softmax and a scattered one-hot bes
 the same max and exponentials: H = lse - sum(softmax * logits). A separate log_softmax-based
 entropy reads the [B, T, V] logits again with its own exp passes (~4% of a small GRPO step).
 
-Legend (DESIGN.md §4): B rows, T target positions, V vocab.
+Legend (docs/design.md#shape-legend): B rows, T target positions, V vocab.
 """
 
 import jax

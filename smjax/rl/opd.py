@@ -1,7 +1,8 @@
 """On-policy distillation (OPD) losses: the student's reverse KL to a teacher on its own samples.
 
-DESIGN.md §5. The student pi_s sampled the tokens; the teacher pi_T (temperature 1, same
-vocabulary) scored them. Three objectives, each a per-token loss aggregated over valid tokens:
+docs/design.md#on-policy-distillation. The student pi_s sampled the tokens; the teacher pi_T
+(temperature 1, same vocabulary) scored them. Three objectives, each a per-token loss aggregated
+over valid tokens:
 
 - `sampled`: A_t = -(log pi_s(y_t) - log pi_T(y_t)) (stop-gradient; current student log-probs),
   trained with GRPO's clipped importance-ratio objective against the behaviour log-probs
@@ -23,7 +24,8 @@ Aggregation and micro-batching follow smjax.rl.grpo: `token_mean` (DAPO), `seq_m
 micro-batch losses add up to the full-batch loss. Metrics in aux are micro-batch means over valid
 tokens and carry no gradient.
 
-Legend (DESIGN.md §4): B rows, T target positions, V vocab; the top-k axis is `_BT_topk`.
+Legend (docs/design.md#shape-legend): B rows, T target positions, V vocab; the top-k axis is
+`_BT_topk`.
 """
 
 import numbers

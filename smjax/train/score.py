@@ -25,8 +25,9 @@ bad plan in the graph.
 `target_logprobs` / `target_logits` are the same window for the reference model and the OPD
 teachers, padded back to T columns.
 
-Legend (DESIGN.md §4): B rows, P prompt length, C completion length (the scored window; every
-target column when the layout has none), S = P + C, T = S - 1 targets, D model dim, V vocab.
+Legend (docs/design.md#shape-legend): B rows, P prompt length, C completion length (the scored
+window; every target column when the layout has none), S = P + C, T = S - 1 targets, D model dim,
+V vocab.
 """
 
 from __future__ import annotations

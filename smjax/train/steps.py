@@ -19,7 +19,7 @@ A step whose loss or gradient is not finite leaves the state unchanged and repor
 with a `finite/<what>` flag for the loss, the gradient norm and each float input of the batch, so
 the host can say which one it was (smjax.train.loop).
 
-Legend (DESIGN.md §4): B rows, G group size, C completion length (the scored window),
+Legend (docs/design.md#shape-legend): B rows, G group size, C completion length (the scored window),
 T = S - 1 target positions, V vocab.
 """
 
@@ -110,7 +110,7 @@ def sft_loss(model: Transformer, params, batch: SequenceBatch, counts):
 
 def grpo_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: GRPOConfig,
               mesh=None):
-  """The GRPO loss (DESIGN.md §5) of a batch with rewards_B and old_logp_BT (and ref_logp_BT
+  """The GRPO loss (docs/design.md#grpo) of a batch with rewards_B and old_logp_BT (and ref_logp_BT
   when cfg.beta > 0). `mesh`: where the step runs sharded (the Pallas loss kernel then runs per
   device under shard_map; None: the mesh set by jax.set_mesh, if any)."""
   s = score(model, params, batch)
@@ -128,8 +128,8 @@ def grpo_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: 
 
 def opd_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: OPDConfig,
              mesh=None):
-  """The on-policy distillation loss (DESIGN.md §5) of a batch with the teacher's scores
-  (teacher_logp_BT for "sampled", teacher_logits_BTV otherwise) and old_logp_BT."""
+  """The on-policy distillation loss (docs/design.md#on-policy-distillation) of a batch with the
+  teacher's scores (teacher_logp_BT for "sampled", teacher_logits_BTV otherwise) and old_logp_BT."""
   s = score(model, params, batch, logits=cfg.objective != "sampled")
   mask_BC = batch.scored(batch.loss_mask_BT)
   # max_len: the full T, whatever the scored window (seq_mean_token_sum_norm's constant).

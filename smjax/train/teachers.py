@@ -12,7 +12,8 @@ columns, each prompt once per block of rows, and packed (its own rows' plan) whe
 batch is. Routed rows are whole prompt blocks (rows of one prompt share its domain) and are padded
 by whole blocks.
 
-Legend (DESIGN.md §4): B rows, S sequence length, T = S - 1 target positions, V vocab.
+Legend (docs/design.md#shape-legend): B rows, S sequence length, T = S - 1 target positions,
+V vocab.
 """
 
 from __future__ import annotations
