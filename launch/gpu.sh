@@ -22,6 +22,12 @@ usage() {
   exit 2
 }
 
+# --help: the usage on stdout, exit 0.
+show_help() {
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 0
+}
+
 # Prints a command the way a shell would read it back: words that need it in single quotes.
 quote() {
   local out=() word
@@ -40,7 +46,7 @@ SUB="$1"
 shift
 case "$SUB" in
   run | ssh) ;;
-  -h | --help | help) usage ;;
+  -h | --help | help) show_help ;;
   *) usage "unknown subcommand '$SUB'" ;;
 esac
 
@@ -68,7 +74,7 @@ while [[ $# -gt 0 ]]; do
       ;;
     --dry-run) DRY_RUN=1 && shift ;;
     --) shift && CMD=("$@") && break ;;
-    -h | --help) usage ;;
+    -h | --help) show_help ;;
     *) usage "unknown argument '$arg'" ;;
   esac
 done

@@ -27,6 +27,12 @@ usage() {
   exit 2
 }
 
+# --help: the usage on stdout, exit 0.
+show_help() {
+  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  exit 0
+}
+
 # Prints a command the way a shell would read it back: words that need it in single quotes.
 quote() {
   local out=() word
@@ -65,7 +71,7 @@ SUB="$1"
 shift
 case "$SUB" in
   create | ship | setup | run | logs | status | delete) ;;
-  -h | --help | help) usage ;;
+  -h | --help | help) show_help ;;
   *) usage "unknown subcommand '$SUB'" ;;
 esac
 
@@ -97,7 +103,7 @@ while [[ $# -gt 0 ]]; do
     --detach) DETACH=1 && shift ;;
     --dry-run) DRY_RUN=1 && shift ;;
     --) shift && CMD=("$@") && break ;;
-    -h | --help) usage ;;
+    -h | --help) show_help ;;
     *) usage "unknown argument '$arg'" ;;
   esac
 done
@@ -174,7 +180,7 @@ tar -xzf ~/smjax-code.tgz -C $REMOTE_DIR"
 (sudo apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || echo 'no tcmalloc: glibc malloc') && \
 python3 -m pip install --user -q uv && \
 $UV venv --python 3.11 .venv && \
-$UV pip install --python .venv/bin/python -e . 'jax[tpu]==$JAX_VERSION' && \
+$UV pip install --python .venv/bin/python -e '.[gcs]' 'jax[tpu]==$JAX_VERSION' && \
 .venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_device_count(), jax.device_count())'"
     ;;
   run)

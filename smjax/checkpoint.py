@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
 import time
 from typing import Any, Callable, Sequence
@@ -55,6 +54,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policy
 
+from smjax import paths
 from smjax.checkpoint_meta import (_abstract, _checksum_dict, _from_json, _host_rng_from_json,
                                    _host_rng_to_json, _rng_from_json, _rng_to_json, _signature,
                                    _to_json, config_diff, one_line)
@@ -119,7 +119,7 @@ class Checkpointer:
       raise ValueError(f"Checkpointer: {max_to_keep=} must be >= 1")
     if best_mode not in ("max", "min"):
       raise ValueError(f"Checkpointer: {best_mode=}; expected 'max' or 'min'")
-    workdir = os.path.abspath(workdir)  # orbax refuses relative paths
+    workdir = paths.resolve(workdir)  # orbax refuses relative paths; a URL stays as it is
     self.directory = epath.Path(workdir) / "checkpoints"
     self.quarantine = epath.Path(workdir) / "checkpoints_corrupt"
     self.config = None if config is None else _to_json(config)

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from smjax import paths
+
 _BYTES_TAG = "__bytes_b64__"
 
 
@@ -38,15 +40,14 @@ def require_keys(obj: Any, keys: Sequence[str], path: str, what: str) -> dict:
 
 
 def read_json(path: str, what: str, *, keys: Sequence[str] = ()) -> dict:
-  """The JSON object in the file `path`, holding every one of `keys`.
+  """The JSON object in the file `path` (local or a URL, smjax.paths), holding every one of `keys`.
 
   Every fault is one line naming the file: FileNotFoundError if it is absent, ValueError if it is
   not UTF-8, not valid JSON (with the line and column), not an object, or lacks one of `keys`.
   `what` is what the user should do about it, e.g. "delete the phase directory to rerun it".
   """
   try:
-    with open(path, encoding="utf-8") as f:
-      text = f.read()
+    text = paths.read_text(path)
   except FileNotFoundError:
     raise FileNotFoundError(f"{path}: no such file (expected a JSON object); {what}") from None
   except UnicodeDecodeError as e:

@@ -1,7 +1,9 @@
-"""Command-line entry point: `python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
+"""Command-line entry point:
+`python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
 
-Also installed as the `smjax` console script: `smjax study --config=... --workdir=...` (the same
-run) and `smjax report WORKDIR` (re-render a study's report, smjax.study.report_cli). It restarts
+Also installed as the `smjax` console script (= `python -m smjax`): `smjax study --config=...
+--workdir=...` (the same run) and `smjax report WORKDIR` (re-render a study's report,
+smjax.study.report_cli); `--help` prints the usage and `--version` the version, exit 0. It restarts
 itself once with tcmalloc preloaded where that is installed (smjax.cpu_malloc). Everything it does
 is library code in smjax.study; this file parses flags, sets up logging and reports errors.
 Overrides use ml_collections' syntax, e.g. `--config.joint.steps=400`.
@@ -9,10 +11,11 @@ Overrides use ml_collections' syntax, e.g. `--config.joint.steps=400`.
 Quiet by default: the terminal gets progress bars, warnings, the phase lines and the final table;
 INFO records (absl, orbax, jax) go to WORKDIR/smjax.log, appended per run with timestamps.
 `--verbosity=1` or SMJAX_VERBOSE=1 sends INFO to the terminal too. A user error (a bad config
-value or override, a missing file, a full disk, a workdir that cannot be written) is one line,
-`smjax: error: ...`, exit 2; `--debug` or SMJAX_DEBUG=1 shows the traceback instead. A phase
-stopped by SIGTERM at a checkpoint exits 0 with its message (smjax.preemption). Importing smjax
-configures no logging: all of this happens only here.
+value or override, a missing file, a full disk, a workdir that cannot be written, a missing
+optional extra) is one line, `smjax: error: ...`, exit 2, as is a missing or unexpected argument;
+`--debug` or SMJAX_DEBUG=1 shows the traceback instead. A phase stopped by SIGTERM at a checkpoint
+exits 0 with its message (smjax.preemption). Importing smjax configures no logging: all of this
+happens only here.
 """
 
 from __future__ import annotations
@@ -34,14 +37,48 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs
 _DEBUG = flags.DEFINE_bool("debug", False, "Show tracebacks for errors (or SMJAX_DEBUG=1).")
 
 LOG_NAME = "smjax.log"
-USAGE = """usage: smjax <command> [flags]
+USAGE = """usage: smjax <command> [flags]      (or python -m smjax <command> [flags])
 
 commands:
   study   --config=configs/study.py:two_domain,demo --workdir=DIR
           run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
   report  WORKDIR [--out=DIR] [--bootstrap=N]
           re-render a study's table, CSV, JSON and plot from its finished phases
+  --version
+          print smjax's version
 """
+STUDY_USAGE = """\
+usage: smjax study --config=FILE:ARG --workdir=DIR [--config.FIELD=VALUE ...] [--debug]
+       (= python -m smjax.main --config=FILE:ARG --workdir=DIR ...)
+
+Runs a study (its phases, then the report) in DIR; a rerun with the same DIR resumes it.
+
+flags:
+  --config=FILE:ARG     a configs/*.py file and its argument (its docstring lists them),
+                        e.g. configs/study.py:two_domain,demo
+  --config.FIELD=VALUE  overrides one field of that config, e.g. --config.joint.steps=400
+  --workdir=DIR         directory for checkpoints, logs (DIR/smjax.log) and the report
+  --debug               tracebacks for errors instead of one line (or SMJAX_DEBUG=1)
+  --verbosity=1         INFO records on the terminal too (or SMJAX_VERBOSE=1)
+  --version             print smjax's version
+"""
+_HELP = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
+
+
+def version() -> str:
+  """The installed distribution's version (smjax.__version__ where it is not installed)."""
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  try:
+    return metadata.version("smjax")
+  except metadata.PackageNotFoundError:
+    from smjax import __version__  # pylint: disable=import-outside-toplevel
+    return __version__
+
+
+def usage_error(msg: str) -> None:
+  """A command line that cannot run: one line on stderr, exit 2."""
+  print(f"smjax: error: {msg}", file=sys.stderr)
+  sys.exit(2)
 
 
 def _env_on(name: str) -> bool:
@@ -166,7 +203,10 @@ def user_error(e: BaseException) -> str | None:
   """The one-line message for an error the user can fix from the command line; None otherwise."""
   from smjax.checkpoint import (  # pylint: disable=import-outside-toplevel
       ConfigMismatchError, CorruptCheckpointError)
+  from smjax.domains.base import MissingExtraError  # pylint: disable=import-outside-toplevel
   from smjax.train.guards import CollapseError  # pylint: disable=import-outside-toplevel
+  if isinstance(e, MissingExtraError):
+    return _one_line(e)   # names the extra to install
   if isinstance(e, flags.Error):
     msg = str(e)
     last = msg.strip().splitlines()[-1]  # config-file errors end with the traceback's last line
@@ -201,12 +241,41 @@ def user_error(e: BaseException) -> str | None:
   return None
 
 
-def main(argv):
+def _check_usage(argv) -> None:
+  """The parsed command line names a config and a workdir and nothing else; else a usage error
+  (one line, exit 2)."""
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if _CONFIG.value is None or _WORKDIR.value is None:
-    raise app.UsageError("--config and --workdir are required, e.g. "
-                         "--config=configs/study.py:two_domain,demo --workdir=runs/demo")
+    usage_error(f"unexpected arguments: {' '.join(argv[1:])}; see `smjax study --help`")
+  missing = [f"--{f.name}" for f in (_CONFIG, _WORKDIR) if f.value is None]
+  if missing:
+    usage_error(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required, e.g. "
+                "--config=configs/study.py:two_domain,demo --workdir=runs/demo; see "
+                "`smjax study --help`")
+
+
+def _no_field(e: BaseException, argv: list[str]) -> str:
+  """The one line for an override naming no config field (ml_collections' KeyError, wrapped in
+  an AttributeError, whose text is the field's repr and maybe a "Did you mean" line): the flag as
+  given and, where there is one, the closest field's flag."""
+  while e.args and isinstance(e.args[0], BaseException):
+    e = e.args[0]
+  text = str(e.args[0]) if e.args else str(e)
+  name = text.splitlines()[0].strip().strip("\"'") if text.strip() else "?"
+  m = re.search(r'Did you mean "([^"]+)"', text)
+  flag = next((a.split("=")[0] for a in argv
+               if a.startswith("--config.") and name in a.split("=")[0].split(".")), None)
+  msg = f"{flag or name}: the config has no field {name!r}"
+  if m and flag:
+    parts = flag.split(".")
+    parts[parts.index(name)] = m.group(1)
+    return msg + f"; did you mean {'.'.join(parts)}?"
+  if m:
+    return msg + f"; did you mean {m.group(1)!r}?"
+  return msg + "; check its spelling against the config file"
+
+
+def main(argv):
+  _check_usage(argv)
   verbose = _env_on("SMJAX_VERBOSE") or absl_logging.get_verbosity() >= 1
   created = "://" not in _WORKDIR.value and not os.path.exists(_WORKDIR.value)
   log_path = setup_logging(_WORKDIR.value, verbose)
@@ -223,8 +292,10 @@ def main(argv):
       import shutil  # pylint: disable=import-outside-toplevel
       shutil.rmtree(_WORKDIR.value, ignore_errors=True)
     raise
+  from smjax.study.render import (  # pylint: disable=import-outside-toplevel
+      TERMINAL_WIDTH, format_table)
   print()
-  print(report["table"])
+  print(format_table(report, width=TERMINAL_WIDTH))  # report.txt: every column in full
   print(f"report: {report['paths']['json']}")
   print(f"plot:   {report['paths']['plot']}")
   print(f"log:    {log_path}")
@@ -251,16 +322,20 @@ def run(argv: list[str] | None = None):
   cpu_malloc.reexec_under_tcmalloc(sys.orig_argv[1:])  # as started, interpreter options too
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
   argv = list(sys.argv if argv is None else argv)
+  if any(a in _HELP for a in argv[1:]):
+    print(STUDY_USAGE, end="")
+    sys.exit(0)
+  if "--version" in argv[1:]:
+    print(f"smjax {version()}")
+    sys.exit(0)
   debug = _env_on("SMJAX_DEBUG") or "--debug" in argv
   try:
     try:
       parsed = flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:  # ml_collections: an override naming no field
-      name = str(e).strip("\"'")
-      bad = [a.split("=")[0] for a in argv if a.startswith("--config.") and name in a]
-      raise ValueError(f"{bad[0] if bad else name}: the config has no field {name!r}; check "
-                       "its spelling against the config file") from e
+      raise ValueError(_no_field(e, argv)) from e
     _ = _CONFIG.value  # loads the config file: its errors are the user's
+    _check_usage(parsed)
     app.run(main, argv=argv, flags_parser=lambda _: parsed)
   except SystemExit as e:
     if isinstance(e.code, str) and "stopped by SIGTERM" in e.code:
@@ -275,8 +350,11 @@ def cli():
   """The `smjax` console script: `smjax study ...` or `smjax report WORKDIR ...`."""
   args = sys.argv[1:]
   if not args or args[0] in ("-h", "--help", "help"):
-    print(USAGE, end="")
+    print(USAGE, end="", file=sys.stdout if args else sys.stderr)
     sys.exit(0 if args else 2)
+  if args[0] == "--version":
+    print(f"smjax {version()}")
+    sys.exit(0)
   if args[0] == "study":
     run([sys.argv[0] + " study"] + args[1:])
   elif args[0] == "report":

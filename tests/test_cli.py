@@ -69,6 +69,69 @@ def test_console_help_lists_commands():
   assert p.returncode == 0 and "study" in p.stdout and "report" in p.stdout
 
 
+def _smjax(*args, prelude=""):
+  """The `smjax` console script's entry (smjax.main.cli) run with `args`, after `prelude`."""
+  code = (f"{prelude}import sys; sys.argv = ['smjax', *{list(args)!r}]; "
+          "from smjax.main import cli; cli()")
+  return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True,
+                        text=True, timeout=120)
+
+
+@pytest.mark.parametrize("cmd, says", [
+    (["-m", "smjax", "--help"], "usage: smjax <command>"),
+    (["-m", "smjax", "study", "--help"], "usage: smjax study --config=FILE:ARG --workdir=DIR"),
+    (["-m", "smjax", "study", "-h"], "usage: smjax study --config=FILE:ARG --workdir=DIR"),
+    (["-m", "smjax.main", "--help"], "usage: smjax study --config=FILE:ARG --workdir=DIR")])
+def test_help_prints_the_usage_and_exits_0(cmd, says):
+  """`--help` where the usage text sends the user: `smjax study --help`, `python -m smjax`."""
+  p = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                     timeout=120)
+  assert p.returncode == 0 and p.stdout.startswith(says) and p.stderr == "", p.stderr
+
+
+def test_version_prints_the_package_version():
+  import tomllib  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    want = f"smjax {tomllib.load(f)['project']['version']}\n"
+  for p in (_smjax("--version"), _smjax("study", "--version"),
+            subprocess.run([sys.executable, "-m", "smjax.main", "--version"], cwd=ROOT, env=ENV,
+                           capture_output=True, text=True, timeout=120)):
+    assert p.returncode == 0 and p.stdout == want and p.stderr == "", (p.stdout, p.stderr)
+
+
+@pytest.mark.parametrize("arg, line", [
+    ("--config.rl.learnig_rate=1", "--config.rl.learnig_rate: the config has no field "
+     "'learnig_rate'; did you mean --config.rl.learning_rate?"),
+    ("--config.rll.learning_rate=1", "--config.rll.learning_rate: the config has no field 'rll'; "
+     "did you mean --config.rl.learning_rate?")])
+def test_misspelt_field_is_one_clean_line_with_the_closest_field(tmp_path, arg, line):
+  p = _cli(arg, workdir=tmp_path / "w")
+  assert p.returncode == 2 and p.stderr == f"smjax: error: {line}\n", p.stderr
+
+
+@pytest.mark.parametrize("args, missing", [
+    (["--config=configs/study.py:two_domain,demo"], "--workdir is required"),
+    (["--workdir=runs/nowhere"], "--config is required"),
+    ([], "--config and --workdir are required")])
+def test_missing_required_flag_is_one_line_exit_2(args, missing):
+  p = _smjax("study", *args)
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith(f"smjax: error: {missing}, e.g. --config=") and p.stdout == ""
+  assert not os.path.exists(os.path.join(ROOT, "runs", "nowhere"))
+
+
+def test_rg_domain_without_reasoning_gym_names_the_extra(tmp_path):
+  """reasoning-gym is an optional extra (installed here, so its import is made to fail): an
+  `rg:` domain is refused in one line naming the extra, not a traceback."""
+  p = _smjax("study", "--config=configs/study.py:two_domain,demo", f"--workdir={tmp_path / 'w'}",
+             "--config.domains=('rg:basic_arithmetic','math')",
+             prelude="import sys; sys.modules['reasoning_gym'] = None; ")
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith("smjax: error: rg: domains need reasoning-gym") and \
+      "pip install 'smjax[rg]'" in p.stderr, p.stderr
+  assert not (tmp_path / "w").exists()
+
+
 def test_info_goes_to_log_file_not_terminal(tmp_path, capsys):
   from absl import logging as absl_logging
   from smjax import main

@@ -1,4 +1,5 @@
-"""launch/tpu.sh and launch/gpu.sh: shellcheck-clean, exact --dry-run commands, usage on bad args.
+"""launch/tpu.sh and launch/gpu.sh: shellcheck-clean, exact --dry-run commands, usage on --help and
+on bad args.
 
 The expected commands are written out here by hand (gcloud's documented flags); a dry-run line is
 compared as the argument list a shell would read from it (shlex), so quoting style is free but
@@ -201,6 +202,17 @@ def test_gpu_bad_args_exit_2_with_usage(args, message):
   assert proc.returncode == 2 and proc.stdout == ""
   assert "launch/gpu.sh run [--nodes N]" in proc.stderr
   assert f"error: {message}" in proc.stderr
+
+
+@pytest.mark.parametrize("script, args, says", [
+    (TPU, ("--help",), "launch/tpu.sh create --name NAME"), (TPU, ("-h",), "launch/tpu.sh ship"),
+    (TPU, ("delete", "--name", "x", "--help"), "launch/tpu.sh delete"),
+    (GPU, ("--help",), "launch/gpu.sh run [--nodes N]"), (GPU, ("help",), "launch/gpu.sh ssh"),
+    (GPU, ("run", "--help"), "launch/gpu.sh run [--nodes N]")])
+def test_help_prints_usage_and_exits_0(script, args, says):
+  proc = _run(script, *args)
+  assert proc.returncode == 0 and says in proc.stdout and proc.stderr == "", proc.stderr
+  assert "error:" not in proc.stdout
 
 
 def test_readme_examples_are_what_the_scripts_print():

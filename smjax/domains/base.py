@@ -20,6 +20,11 @@ from smjax.domains.chains import ANSWER_MARK
 SPLITS = ("train", "test")
 
 
+class MissingExtraError(ImportError):
+  """A domain needs a package of an optional extra that is not installed; the message names the
+  domain and the `pip install 'smjax[EXTRA]'` that adds it (the command line prints it as is)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Example:
   """One task instance.

@@ -19,15 +19,26 @@ import re
 import zlib
 from typing import Any
 
-from smjax.domains.base import Domain, Example, check_split, stable_seed
+from smjax.domains.base import Domain, Example, MissingExtraError, check_split, stable_seed
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 DEFAULT_TEMPLATE = "{question}\nGive your final answer inside <answer></answer>."
 
 
+def _reasoning_gym():
+  """The reasoning_gym package; MissingExtraError naming the `rg` extra where it is missing (it
+  is an optional dependency: `pip install 'smjax[rg]'`)."""
+  try:
+    import reasoning_gym  # pylint: disable=import-outside-toplevel
+    from reasoning_gym import factory  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    raise MissingExtraError(f"rg: domains need reasoning-gym, which is not installed ({e}); "
+                            "install it with: pip install 'smjax[rg]'") from e
+  return reasoning_gym
+
+
 def known_datasets() -> list[str]:
-  import reasoning_gym  # pylint: disable=import-outside-toplevel
-  return sorted(reasoning_gym.factory.DATASETS)
+  return sorted(_reasoning_gym().factory.DATASETS)
 
 
 def is_held_out(question: str) -> bool:
@@ -46,8 +57,8 @@ class ReasoningGymDomain(Domain):
     self._scorer = self._make_dataset(None, seed=0, size=1)
 
   def _make_dataset(self, difficulty: int | None, *, seed: int, size: int):
-    import reasoning_gym  # pylint: disable=import-outside-toplevel
-    from reasoning_gym import factory  # pylint: disable=import-outside-toplevel
+    reasoning_gym = _reasoning_gym()
+    factory = reasoning_gym.factory
     kwargs = dict(self.config)
     if difficulty is not None and factory.has_curriculum(self.dataset):
       curriculum = factory.create_curriculum(self.dataset)

@@ -7,18 +7,26 @@ import argparse
 import csv
 import dataclasses
 import glob
+import io
 import json
 import math
 import os
 import re
 import sys
+import textwrap
 from typing import Sequence
 
 import numpy as np
 
+from smjax import distributed, paths as paths_lib
 from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
+from smjax.study.verdicts import point_only
+
+# The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
+# fits this many columns; report.txt, report.csv and report.json keep every figure.
+TERMINAL_WIDTH = 120
 
 
 def _num(v: dict | None, key: str = "mean") -> float:
@@ -71,14 +79,52 @@ def frontier_rows(report: dict) -> list[list[str]]:
   return rows
 
 
-def _table(title: str, cols: list[str], rows: list[list[str]]) -> list[str]:
-  widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
-  line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
-  return [title, line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows] + [""]
+def _table(title: str, cols: list[str], rows: list[list[str]], width: int | None = None,
+           points: Sequence[str] = (), drop: Sequence[str] = ()) -> list[str]:
+  """A titled plain-text table. With `width` (the terminal's), a table wider than that shows the
+  `points` columns' point estimates alone (no interval), then leaves out the `drop` columns in
+  that order until it fits, and says what it left out; the title is wrapped to `width`."""
+  def lines(cols, rows):
+    widths = [max(len(str(r[i])) for r in rows + [cols]) for i in range(len(cols))]
+    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths))  # noqa: E731
+    out = [line(cols), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return out if width is None else [ln.rstrip() for ln in out]
+
+  if width is None:
+    return [title] + lines(cols, rows) + [""]
+  fits = lambda: max(len(ln) for ln in lines(cols, rows)) <= width  # noqa: E731
+  shown = []
+  if not fits() and points:
+    idx = [cols.index(c) for c in points if c in cols]
+    bare = [[_point(x) if i in idx else x for i, x in enumerate(r)] for r in rows]
+    if bare != rows:
+      rows = bare
+      shown.append(f"{' and '.join(points)} without their intervals")
+  left_out = []
+  for name in drop:
+    if fits():
+      break
+    i = cols.index(name)
+    cols, rows = cols[:i] + cols[i + 1:], [r[:i] + r[i + 1:] for r in rows]
+    left_out.append(name)
+  if left_out:
+    shown.append(f"not shown: {', '.join(left_out)}")
+  note = [f"({'; '.join(shown)}; report.txt has every column in full)"] if shown else []
+  return textwrap.wrap(title, width) + lines(cols, rows) + textwrap.wrap(" ".join(note), width) \
+      + [""]
 
 
-def format_table(report: dict) -> str:
-  """Plain-text tables (the frontier, the main arms, the recovery arms) and the verdict lines."""
+def _point(cell: str) -> str:
+  """A table cell without its interval or its censoring note: "2.3e+12 [1.9e+12, 2.8e+12]" and
+  "≥ 5.97e+11 (5/5 seeds censored)" as "2.3e+12" and "≥ 5.97e+11"."""
+  return re.sub(r" (\[[^\]]*\]|\(\d+/\d+ seeds censored\)|±\S+)$", "", str(cell))
+
+
+def format_table(report: dict, width: int | None = None) -> str:
+  """Plain-text tables (the frontier, the main arms, the recovery arms) and the verdict lines.
+  `width` (the terminal's, TERMINAL_WIDTH): tables wider than that leave out intervals of FLOPs
+  and then their least-read columns, saying so (`_table`), and titles and verdicts are wrapped;
+  without it (report.txt, the docs' markdown) every column is shown in full."""
   rec_d = report.get("recover_domain")
   conf = f"{100 * report.get('confidence', 0.95):.0f}%"
   seeds = report.get("seeds")
@@ -86,14 +132,19 @@ def format_table(report: dict) -> str:
   over = (f"t intervals over seeds {seeds}" if kind == "seeds" else
           f"seed {seeds}: intervals over prompts, evaluation noise only" if kind == "prompts" else
           f"seeds {seeds}: percentile bootstrap over prompts and seeds")   # reports before t
+  cover = (f"seed {seeds}: point estimates, no intervals (no bootstrap)" if point_only(report)
+           else f"{over}, {conf}")
   out = []
   rows = frontier_rows(report)
   if rows:
     ref = report.get("reference_arm")
     out += _table(f"Frontier: training FLOPs to each level (the base plus a share of {ref}'s "
-                  f"gain), each route's cheapest; {over}, {conf}",
+                  f"gain), each route's cheapest; {cover}",
                   ["level", "read on", ref, "split-then-merge", "saving", "distill/experts",
-                   "cheapest expert stop per seed", "bracket joint / split"], rows)
+                   "cheapest expert stop per seed", "bracket joint / split"], rows, width,
+                  points=(ref, "split-then-merge"),
+                  drop=("bracket joint / split", "cheapest expert stop per seed",
+                        "distill/experts"))
   for group in ("main", "recovery"):
     arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
     if not arms:
@@ -102,7 +153,7 @@ def format_table(report: dict) -> str:
     tgt = report.get("target_accuracy" if group == "main" else "recover_target")
     title = ("Arms" if group == "main" else f"Self-teacher recovery of {rec_d}") + (
         f" (target {_ci(tgt, pct=True)}; savings vs "
-        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; {over}, {conf})")
+        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; {cover})")
     cols = ["arm", "acc" if on is None else f"{on} acc", "greedy", "per domain", "train FLOPs",
             "FLOPs to target", "saving@target", "headroom", "resp len"]
     rows = []
@@ -118,9 +169,13 @@ def format_table(report: dict) -> str:
                    _ci(a.get("flops_total")) if a.get("flops_total") else "- (not charged)",
                    reach_s, _ci(a.get("saving_at_target"), pct=True),
                    _ci(a.get("headroom_mean"), pct=True), _ci(a.get("response_length"))])
-    out += _table(title, cols, rows)
+    out += _table(title, cols, rows, width, points=("train FLOPs", "FLOPs to target"),
+                  drop=("resp len", "headroom", "greedy", "per domain"))
   if report.get("verdicts"):
-    out += ["Verdicts:"] + [f"  - {v}" for v in report["verdicts"]] + [""]
+    out += ["Verdicts:"] + [
+        f"  - {v}" if width is None else
+        textwrap.fill(v, width, initial_indent="  - ", subsequent_indent="    ")
+        for v in report["verdicts"]] + [""]
   return "\n".join(out)
 
 
@@ -133,19 +188,21 @@ def _flat(prefix: str, v, into: dict) -> None:
 
 
 def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[str, str]:
-  """Writes report.json, report.csv, report.txt, curves.json and accuracy_vs_flops.png; returns
-  their paths. Every file is written beside its final name and renamed, so a reader never sees a
-  half-written one."""
-  os.makedirs(out_dir, exist_ok=True)
-  paths = {k: os.path.join(out_dir, f) for k, f in (
+  """Writes report.json, report.csv, report.txt, curves.json and accuracy_vs_flops.png into
+  `out_dir` (a local path or a gs:// URL); returns their paths. Each file is written atomically
+  (smjax.paths.write_atomic), so a reader never sees a half-written one. On a multi-host run only
+  process 0 writes (the others return the same paths)."""
+  paths = {k: paths_lib.join(out_dir, f) for k, f in (
       ("json", "report.json"), ("csv", "report.csv"), ("curves", "curves.json"),
       ("plot", "accuracy_vs_flops.png"), ("table", "report.txt"))}
+  if not distributed.is_coordinator():
+    return paths
+  paths_lib.makedirs(out_dir)
 
-  def atomic(key, write, mode="w"):
-    tmp = paths[key] + ".tmp"
-    with open(tmp, mode, **({"newline": ""} if key == "csv" else {})) as f:
-      write(f)
-    os.replace(tmp, paths[key])
+  def atomic(key, write):
+    f = io.StringIO(newline="")
+    write(f)
+    paths_lib.write_atomic(paths[key], f.getvalue())
 
   atomic("json", lambda f: json.dump(report, f, indent=1))
   atomic("curves", lambda f: json.dump([dataclasses.asdict(a) for a in arms], f))
@@ -161,9 +218,9 @@ def write_report(report: dict, arms: Sequence[ArmResult], out_dir: str) -> dict[
                     v.get("n")])
   atomic("csv", rows)
   atomic("table", lambda f: f.write(format_table(report) + "\n"))
-  tmp_plot = paths["plot"] + ".tmp.png"
-  plot_curves(arms, report, tmp_plot)
-  os.replace(tmp_plot, paths["plot"])
+  png = io.BytesIO()
+  plot_curves(arms, report, png)
+  paths_lib.write_atomic(paths["plot"], png.getvalue(), tmp_suffix=".tmp.png")
   return paths
 
 
@@ -206,10 +263,11 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
   return out
 
 
-def plot_curves(arms: Sequence[ArmResult], report: dict, path: str) -> None:
+def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   """Held-out accuracy against cumulative training FLOPs, one line per arm and seed with its 95%
   band over prompts, and the matched target; with the self-teacher study, the degradation and
-  the recovery panels (`curve_series`)."""
+  the recovery panels (`curve_series`). `path`: a local file name (its extension gives the
+  format) or a binary file object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -242,7 +300,7 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, **({} if isinstance(path, (str, os.PathLike)) else {"format": "png"}))
   plt.close(fig)
 
 
@@ -387,8 +445,7 @@ def main(argv=None) -> int:
                        "(default: README.md and docs/*.md)")
   a = ap.parse_args(argv)
   if a.markdown:
-    with open(a.markdown) as f:
-      print(markdown(json.load(f)), end="")
+    print(markdown(json.loads(paths_lib.read_text(a.markdown))), end="")
   if a.update_docs is not None:
     for page in a.update_docs or ["README.md"] + sorted(glob.glob("docs/*.md")):
       with open(page) as f:

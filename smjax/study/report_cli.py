@@ -10,11 +10,11 @@ without running or compiling anything.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import ml_collections as mlc
 
+from smjax import paths
 from smjax.checkpoint_meta import read_json
 
 
@@ -26,9 +26,13 @@ def main(argv: list[str] | None = None) -> int:
                  help="bootstrap resamples (default: the study's config.report.bootstrap)")
   a = p.parse_args(argv)
   # pylint: disable=import-outside-toplevel
+  from smjax.study.render import TERMINAL_WIDTH, format_table
   from smjax.study.run import load_arms, make_report
-  cfg_path = os.path.join(a.workdir, "config.json")
-  if not os.path.exists(cfg_path):
+  out = a.out or paths.join(a.workdir, "report")
+  for where in (a.workdir, out):
+    paths.check_workdir(where, checkpoints=False)
+  cfg_path = paths.join(a.workdir, "config.json")
+  if not paths.exists(cfg_path):
     raise FileNotFoundError(f"{a.workdir}: not a study workdir (no config.json); give the "
                             "--workdir a study ran with")
   config = mlc.ConfigDict(read_json(cfg_path, "rerun the study command, which writes it",
@@ -39,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
   if not arms:
     raise ValueError(f"{a.workdir}: no seed has finished a phase yet (no seed_*/arms.json); "
                      "nothing to report")
-  report = make_report(config, arms, a.out or os.path.join(a.workdir, "report"))
-  print(report["table"])
+  report = make_report(config, arms, out)
+  print(format_table(report, width=TERMINAL_WIDTH))  # report.txt: every column in full
   print(f"report: {report['paths']['json']}\nplot:   {report['paths']['plot']}")
   return 0
 

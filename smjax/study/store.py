@@ -16,8 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
-import shutil
 import time
 from typing import Any, Callable, Sequence
 
@@ -25,6 +23,7 @@ import ml_collections as mlc
 from tqdm.auto import tqdm
 
 from smjax import checkpoint as ckpt_lib
+from smjax import distributed, paths
 from smjax.checkpoint_meta import flat_fields, read_json
 from smjax.ledger import FlopLedger
 
@@ -40,7 +39,7 @@ class PhaseOutput:
 
 
 def phase_dir(workdir: str, phase: str) -> str:
-  return os.path.join(workdir, phase)
+  return paths.join(workdir, phase)
 
 
 def unread_fields(config: mlc.ConfigDict, reads: Sequence[str]) -> tuple[str, ...]:
@@ -54,8 +53,8 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
               template_params) -> PhaseOutput | None:
   """The finished phase's output, None if it has not finished; ConfigMismatchError if it
   finished under a config that differs in a field the phase reads."""
-  path = os.path.join(phase_dir(workdir, phase), "result.json")
-  if not os.path.exists(path):
+  path = paths.join(phase_dir(workdir, phase), "result.json")
+  if not paths.exists(path):
     return None
   res = read_json(path, f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}",
                   keys=("ledger", "curve"))
@@ -66,7 +65,7 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
         f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
         "studies. Differing fields (finished -> now):\n  " + "\n  ".join(diff) +
         "\nUse a fresh --workdir, or delete that phase directory to rerun it.")
-  final = os.path.join(phase_dir(workdir, phase), "final")
+  final = paths.join(phase_dir(workdir, phase), "final")
   fix = f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}"
   mgr = ckpt_lib.Checkpointer(final, max_to_keep=1, keep_best=False, async_save=False)
   step = mgr.latest_step()
@@ -90,9 +89,11 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
 
 
 def save_params(path: str, params) -> None:
-  """Parameters alone, as one orbax step under `path` (replacing what was there)."""
-  if os.path.isdir(path):
-    shutil.rmtree(path)
+  """Parameters alone, as one orbax step under `path` (replacing what was there; every process
+  calls it, as orbax's save)."""
+  if distributed.is_coordinator():
+    paths.rmtree(path)
+  distributed.sync("smjax_save_params")
   mgr = ckpt_lib.Checkpointer(path, max_to_keep=1, keep_best=False, async_save=False)
   mgr.save(0, {"params": params})
   mgr.close()
@@ -114,17 +115,16 @@ def load_params(path: str, template_params, what: str):
 
 def snapshot_dir(workdir: str, phase: str, label: str) -> str:
   """Where a phase keeps the parameters it had when it first crossed mark `label`."""
-  return os.path.join(phase_dir(workdir, phase), "snapshots", label)
+  return paths.join(phase_dir(workdir, phase), "snapshots", label)
 
 
 def save_done(workdir: str, config: mlc.ConfigDict, phase: str, out: PhaseOutput) -> PhaseOutput:
   d = phase_dir(workdir, phase)
-  save_params(os.path.join(d, "final"), out.params)
-  tmp = os.path.join(d, "result.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump({"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,
-               "config": config.to_dict()}, f)
-  os.replace(tmp, os.path.join(d, "result.json"))
+  save_params(paths.join(d, "final"), out.params)
+  if distributed.is_coordinator():
+    paths.write_atomic(paths.join(d, "result.json"), json.dumps(
+        {"ledger": out.ledger.to_dict(), "curve": out.curve, "extra": out.extra,
+         "config": config.to_dict()}))
   return out
 
 
@@ -136,7 +136,8 @@ def run_phase(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
   if done is not None:
     _say(config, f"phase {phase}: finished before, reused ({_flops(done)})")
     return done
-  os.makedirs(phase_dir(workdir, phase), exist_ok=True)
+  if distributed.is_coordinator():
+    paths.makedirs(phase_dir(workdir, phase))
   t0 = time.perf_counter()
   out = save_done(workdir, config, phase, fn())
   _say(config, f"phase {phase}: done in {time.perf_counter() - t0:.0f} s ({_flops(out)})")
@@ -160,7 +161,7 @@ def _say(config: mlc.ConfigDict, line: str) -> None:
 def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
                  reads: Sequence[str]) -> ckpt_lib.Checkpointer:
   """The running phase's checkpoints (resume refuses a config that changed a field it reads)."""
-  return ckpt_lib.Checkpointer(os.path.join(phase_dir(workdir, phase), "checkpoints"),
+  return ckpt_lib.Checkpointer(paths.join(phase_dir(workdir, phase), "checkpoints"),
                                max_to_keep=2, keep_best=False, async_save=True,
                                config=config.to_dict(), ignore_fields=unread_fields(config, reads))
 
@@ -168,7 +169,7 @@ def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
 # ------------------------------------------------------------------------- evaluation grid
 
 def _interval_file(workdir: str) -> str:
-  return os.path.join(workdir, "eval_interval.json")
+  return paths.join(workdir, "eval_interval.json")
 
 
 def load_eval_every(workdir: str, config: mlc.ConfigDict) -> float:
@@ -176,7 +177,7 @@ def load_eval_every(workdir: str, config: mlc.ConfigDict) -> float:
   else the one fixed by the first GRPO step (0 until then)."""
   if config.eval.every_flops:
     return float(config.eval.every_flops)
-  if os.path.exists(_interval_file(workdir)):
+  if paths.exists(_interval_file(workdir)):
     return float(read_json(_interval_file(workdir), "delete the seed's directory to rerun it "
                            "(its phases were evaluated on that grid)", keys=("every_flops",))
                  ["every_flops"])
@@ -191,8 +192,8 @@ def grid_or_refuse(workdir: str, config: mlc.ConfigDict, phase: str, may_fix: bo
   every = load_eval_every(workdir, config)
   if every or not config.eval.points:
     return every
-  done = sorted(d for d in os.listdir(workdir) if d not in ("base", "external_teacher", phase)
-                and os.path.exists(os.path.join(workdir, d, "result.json")))
+  done = [d for d in paths.listdir(workdir) if d not in ("base", "external_teacher", phase)
+          and paths.exists(paths.join(workdir, d, "result.json"))]
   if done or not may_fix:
     raise FileNotFoundError(
         f"{_interval_file(workdir)} is missing, but phase {phase!r} must be evaluated on the "
@@ -207,7 +208,8 @@ def save_eval_every(workdir: str, config: mlc.ConfigDict, step_flops: float) -> 
   if not config.eval.points:
     return 0.0
   every = step_flops * config.joint.steps / config.eval.points
-  os.makedirs(workdir, exist_ok=True)
-  with open(_interval_file(workdir), "w") as f:
-    json.dump({"every_flops": every, "from_step_flops": step_flops}, f)
+  if distributed.is_coordinator():
+    paths.makedirs(workdir)
+    paths.write_atomic(_interval_file(workdir),
+                       json.dumps({"every_flops": every, "from_step_flops": step_flops}))
   return every
