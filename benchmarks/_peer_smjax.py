@@ -64,9 +64,10 @@ def _optimizer(lr: float):
       learning_rate=lr, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.0, clip_norm=1.0))
 
 
-def sequence_batch(b: dict[str, np.ndarray], rows_per_prompt: int = 1):
+def sequence_batch(b: dict[str, np.ndarray], rows_per_prompt: int = 1, group_size: int = 0):
   """The numpy step batch as a `SequenceBatch` (prompt ++ completion, target-aligned mask), laid
-  out as `rollout_batch` lays out a sampler result of the same shapes."""
+  out as `rollout_batch` lays out a sampler result of the same shapes (`group_size`: its reward
+  groups, the sampler's samples per prompt)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from smjax.batch import Layout, SequenceBatch  # pylint: disable=import-outside-toplevel
   tokens = np.concatenate([b["prompt_BP"], b["completion_BC"]], axis=1).astype(np.int32)
@@ -79,7 +80,7 @@ def sequence_batch(b: dict[str, np.ndarray], rows_per_prompt: int = 1):
                        attn_mask_BS=jnp.asarray(attn), loss_mask_BT=jnp.asarray(loss_mask),
                        rewards_B=jnp.asarray(b["rewards_B"]),
                        layout=Layout(completion_len=b["completion_BC"].shape[1],
-                                     rows_per_prompt=rows_per_prompt))
+                                     rows_per_prompt=rows_per_prompt, group_size=group_size))
 
 
 class Side:
@@ -105,7 +106,7 @@ class Side:
     step = steps.jit_step(steps.make_grpo_step(model, self.tx, grpo_cfg))
     # The completion fills the last C target columns (left-padded prompts), so the LM head runs on
     # those only (the batch's layout, checked here on the host).
-    batch = sequence_batch(batch_np, shared_prompt_rows)
+    batch = sequence_batch(batch_np, shared_prompt_rows, group_size)
     check_layout(batch)
     # Behaviour log-probs of the same parameters: ratios start at exactly the on-policy 1, as the
     # peers' (TRL and Tunix take the detached current log-probs when iterating once per batch).

@@ -14,6 +14,9 @@ carried as a static `Layout` (part of the treedef, so part of every compiled pro
   [p0 x G, p1 x G, ...] order), so a forward runs each prompt once for its r completions.
 - `packed`: the batch carries `pack_plan`, a plan that runs the completion tokens of all rows
   as one stream without their padding (one plan row per micro-batch; `make_pack_plan`).
+- `group_size` G: GRPO's reward groups, G consecutive rows per prompt: the rollout's samples per
+  prompt, set by `rollout_batch` from the rollout itself, so that the group size reaches the loss
+  from the samples that were drawn and from nowhere else (0: not said, for hand-made batches).
 
 `score` (smjax.train.score) reads the layout and runs the matching forward; every layout gives the
 same scores up to float rounding. Builders check the layout on the host (`check_layout`) and raise
@@ -44,6 +47,7 @@ class Layout:
   completion_len: int = 0      # C: scored completion columns at the end of each row (0: all)
   rows_per_prompt: int = 1     # r: consecutive rows sharing one prompt (1: no sharing)
   packed: bool = False         # completions run as one stream (`pack_plan`)
+  group_size: int = 0          # G: consecutive rows forming one reward group (0: not said)
 
   def __post_init__(self):
     if self.completion_len < 0:
@@ -52,6 +56,8 @@ class Layout:
     if self.rows_per_prompt < 1:
       raise ValueError(f"Layout.rows_per_prompt={self.rows_per_prompt} must be >= 1 (1: no "
                        "sharing)")
+    if self.group_size < 0:
+      raise ValueError(f"Layout.group_size={self.group_size} must be >= 0 (0: not said)")
     if (self.rows_per_prompt > 1 or self.packed) and not self.completion_len:
       what = (f"rows_per_prompt={self.rows_per_prompt}" if self.rows_per_prompt > 1
               else "packed=True")
@@ -294,8 +300,8 @@ def rollout_batch(result: RolloutResult, *, rewards_B=None, share_prompt: bool =
   C = result.completion_BC.shape[1]
   old_logp = jnp.concatenate([jnp.zeros((B, P - 1), jnp.float32),
                               result.logprobs_BC.astype(jnp.float32)], axis=1)
-  layout = Layout(completion_len=C,
-                  rows_per_prompt=result.num_samples if share_prompt else 1)
+  layout = Layout(completion_len=C, rows_per_prompt=result.num_samples if share_prompt else 1,
+                  group_size=result.num_samples)
   batch = SequenceBatch(
       tokens_BS=seq.tokens_BS, positions_BS=seq.positions_BS, attn_mask_BS=seq.mask_BS,
       loss_mask_BT=seq.loss_mask_BS[:, 1:], old_logp_BT=old_logp,

@@ -128,7 +128,7 @@ def precheck(cfg, *, mesh_shape: dict[str, int], batch: int, seq: int, objective
   model = Transformer(cfg)
   tx = make_optimizer(OptimizerConfig())
   layout = Layout(completion_len=completion_len,
-                  rows_per_prompt=group_size if shared_prompt else 1)
+                  rows_per_prompt=group_size if shared_prompt else 1, group_size=group_size)
   if objective == "grpo":
     step_def = st.make_grpo_step(model, tx, st.GRPOConfig(
         group_size=group_size, beta=beta, micro_batches=micro_batches, impl="xla"))

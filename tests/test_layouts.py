@@ -295,6 +295,32 @@ def test_a_batch_not_laid_out_as_it_says_is_refused_naming_the_row():
     check_layout(window.replace(pack_plan=packed.pack_plan))
 
 
+def test_the_group_size_comes_from_the_batch_and_a_disagreeing_config_is_refused():
+  """The rollout owns the group size: rollout_batch records its samples per prompt in the
+  layout, a GRPOConfig with group_size 0 takes it from there, the same update as one told G by
+  hand, and a config that says another size (or a batch that says none, with none configured)
+  is a ValueError naming both, before any advantage is computed over the wrong groups."""
+  cfg = CFGS["qwen3"]
+  model, params = Transformer(cfg), init_params(cfg, jax.random.key(8))
+  tx = optax.adamw(1e-3)
+  told = batch.replace(layout=dataclasses.replace(batch.layout, group_size=G))
+  step = lambda c, b: jax.jit(st.make_grpo_step(model, tx, c).step)(  # noqa: E731
+      create_state(params, tx), b)
+  s_batch, m_batch = step(st.GRPOConfig(impl="xla"), told)
+  s_cfg, m_cfg = step(st.GRPOConfig(group_size=G, impl="xla"), batch)
+  np.testing.assert_allclose(float(m_batch["loss"]), float(m_cfg["loss"]), rtol=1e-6)
+  for a, b in zip(jax.tree.leaves(s_batch.params), jax.tree.leaves(s_cfg.params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  with pytest.raises(ValueError, match=rf"the batch's rewards come in groups of {G} "
+                     rf"\(Layout\.group_size.*GRPOConfig\.group_size={2 * G}"):
+    step(st.GRPOConfig(group_size=2 * G, impl="xla"), told)
+  with pytest.raises(ValueError, match=r"does not say its reward groups' size"):
+    step(st.GRPOConfig(impl="xla"), batch.replace(layout=dataclasses.replace(batch.layout,
+                                                                              group_size=0)))
+  with pytest.raises(ValueError, match=r"GRPOConfig.group_size=-1 must be >= 0"):
+    st.GRPOConfig(group_size=-1)
+
+
 def test_impossible_configs_and_model_calls_are_value_errors():
   with pytest.raises(ValueError, match=r"GRPOConfig.advantage_mode='bogus'; expected one of"):
     st.GRPOConfig(advantage_mode="bogus")

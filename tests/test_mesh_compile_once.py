@@ -66,7 +66,8 @@ def _batch(seed: int):
   rewards[::G] = 1.0 - rewards[1::G]                # every group has signal
   batch = SequenceBatch(tokens_BS=tokens, positions_BS=positions, attn_mask_BS=attn,
                         loss_mask_BT=loss_mask, old_logp_BT=old.astype(np.float32),
-                        rewards_B=rewards, layout=Layout(completion_len=T, rows_per_prompt=G))
+                        rewards_B=rewards, layout=Layout(completion_len=T, rows_per_prompt=G,
+                                                                  group_size=G))
   check_layout(batch)
   return batch
 

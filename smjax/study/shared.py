@@ -234,8 +234,9 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
                                      warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
   rl_tx = state_lib.make_optimizer(rl_opt)
+  # No group size here: the step reads it from each batch (the rollout's samples per prompt).
   grpo_cfg = steps_lib.GRPOConfig(
-      group_size=rl.samples_per_prompt, advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
+      advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
       eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
       aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
   grpo_step = steps_lib.jit_step(

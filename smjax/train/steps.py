@@ -45,7 +45,9 @@ from smjax.train.state import TrainState
 
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
-  group_size: int = 8
+  # 0: the batch's (Layout.group_size, the rollout's samples per prompt: the one owner of the
+  # group size); a batch that does not say needs it here, and one that does must agree.
+  group_size: int = 0
   advantage_mode: str = "grpo"       # grpo | drgrpo | rloo
   eps_low: float = 0.2
   eps_high: float = 0.28
@@ -63,6 +65,25 @@ class GRPOConfig:
     _check_choice("GRPOConfig.impl", self.impl, dispatch.IMPLS)
     if self.micro_batches < 1:
       raise ValueError(f"GRPOConfig.micro_batches={self.micro_batches} must be >= 1")
+    if self.group_size < 0:
+      raise ValueError(f"GRPOConfig.group_size={self.group_size} must be >= 0 (0: the batch's)")
+
+
+def group_size_of(batch: SequenceBatch, cfg: GRPOConfig) -> int:
+  """The reward groups' size for a GRPO step: the batch's (`Layout.group_size`, set from the
+  rollout) or, for a batch that does not say, cfg.group_size; a ValueError when neither says or
+  both say and disagree (advantages over the wrong groups would train silently)."""
+  have, want = batch.layout.group_size, cfg.group_size
+  if have and want and have != want:
+    raise ValueError(f"GRPO step: the batch's rewards come in groups of {have} "
+                     f"(Layout.group_size, the rollout's samples per prompt), but "
+                     f"GRPOConfig.group_size={want}; leave GRPOConfig.group_size at 0 to take "
+                     "the batch's")
+  if not (have or want):
+    raise ValueError("GRPO step: the batch does not say its reward groups' size "
+                     "(Layout.group_size=0: built by hand, not by rollout_batch); set "
+                     "Layout.group_size or GRPOConfig.group_size")
+  return have or want
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +139,8 @@ def grpo_loss(model: Transformer, params, batch: SequenceBatch, counts, *, cfg: 
   loss, aux = dispatch.grpo_loss_from_rewards(
       s.logp_BC, batch.scored(batch.old_logp_BT),
       batch.scored(batch.ref_logp_BT) if cfg.beta else None, batch.rewards_B, mask_BC,
-      group_size=cfg.group_size, advantage_mode=cfg.advantage_mode, eps_low=cfg.eps_low,
+      group_size=group_size_of(batch, cfg), advantage_mode=cfg.advantage_mode,
+      eps_low=cfg.eps_low,
       eps_high=cfg.eps_high, beta=cfg.beta, kl_estimator=cfg.kl_estimator,
       aggregation=cfg.aggregation, max_len=cfg.max_len or batch.loss_mask_BT.shape[1],
       num_valid_tokens=counts["tokens"], num_sequences=counts["sequences"], impl=cfg.impl,
