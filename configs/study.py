@@ -54,7 +54,6 @@ def get_config(arg=None):
     c.joint.steps = 400 * n
     c.mopd.steps = 400
     c.external.steps = 400
-    c.self_teacher.degrade_steps = 1000
     c.self_teacher.recover_steps = 300
     c.eval.points = 10
   # An expert steps on its own domain's share of joint GRPO's batch (experts.prompts_per_step),

@@ -65,8 +65,8 @@ def test_report_fields_and_files(study):
   wd, run = study
   rep = json.load(open(os.path.join(wd, "report", "report.json")))
   assert {"joint_grpo", "split_merge", "expert_math", "expert_code", "external_opd",
-          "base", "external_teacher"} <= set(rep["arms"])
-  for arm in ("joint_grpo", "split_merge", "external_opd"):
+          "base", "external_teacher", "control_teacher", "control_opd"} <= set(rep["arms"])
+  for arm in ("joint_grpo", "split_merge", "external_opd", "control_opd"):
     a = rep["arms"][arm]
     assert set(a["accuracy"]) == {"math", "code"}
     for d in ("math", "code"):
@@ -94,6 +94,19 @@ def test_report_fields_and_files(study):
     assert point["accuracy"][d] == pytest.approx(sum(c) / (2 * len(c)))
     assert len(point["lengths"][d]) == 16
   assert point["greedy"] == point["greedy_correct"] == {}   # eval.greedy=False: no greedy pass
+  # The truncation rate and a few sample completions, per domain, at every evaluation.
+  for d in ("math", "code"):
+    assert 0.0 <= point["at_cap"][d] <= 1.0
+    shown = point["completions"][d]
+    assert len(shown) == 2 and all(set(x) == {"prompt", "completion", "reward"} for x in shown)
+  # Claim (c)'s arms sample up to the teacher's cap (rl.max_new_tokens 44 + 24), the others 44.
+  longest = lambda phase: max(max(v) for p in phase_result(wd, phase)["curve"]  # noqa: E731
+                              for v in p["lengths"].values())
+  for arm in ("external_opd", "control_opd"):
+    notes = rep["arms"][arm]["notes"]
+    assert notes == [f"OPD from the {arm.split('_')[0]} teacher, up to 68 new tokens"], notes
+    assert longest(arm) <= 68
+  assert longest("joint_grpo") <= 44 and longest("mopd") <= 44
   assert rep["arms"]["joint_grpo"].get("greedy") in (None, {}), rep["arms"]["joint_grpo"]
   assert os.path.exists(os.path.join(wd, "seed_0", "arms.json"))
   for f in ("report.csv", "report.txt", "accuracy_vs_flops.png", "curves.json"):
@@ -109,6 +122,10 @@ def test_report_fields_and_files(study):
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(logs))
   rows = [json.loads(l) for l in open(os.path.join(logs, "metrics.jsonl"))]
   assert any("reward/math" in r for r in rows) and any("heldout/mean" in r for r in rows)
+  # Each evaluation logs its truncation rate and two sample completions per domain.
+  evals = [r for r in rows if "heldout/mean" in r]
+  assert all(0 <= r["heldout_at_cap/code"] <= 1 for r in evals)
+  assert all(r["completions/math"].count(" → ") == 2 for r in evals), evals[-1]
 
 
 def test_report_command_rerenders_without_running(study, tmp_path, capsys):
@@ -208,20 +225,50 @@ def test_finished_phase_with_another_config_is_refused(study, cache):
 def test_changing_a_later_phase_reuses_the_phases_it_does_not_touch(study, cache):
   wd, _ = study
   mtime = lambda p: os.path.getmtime(os.path.join(wd, "seed_0", p, "result.json"))  # noqa: E731
-  kept = ["base", "joint_grpo", "expert_math", "expert_code", "mopd", "external_teacher"]
+  kept = ["base", "joint_grpo", "expert_math", "expert_code", "mopd", "external_teacher",
+          "control_teacher"]
   # Runs after the tests above that rerun MINI unchanged (it leaves external_opd at 3 steps).
-  before = {p: mtime(p) for p in kept + ["external_opd"]}
+  before = {p: mtime(p) for p in kept + ["external_opd", "control_opd"]}
   args = [a for a in MINI if not a.startswith("--config.external.steps")] + [
       "--config.external.steps=3"]
   r = _main(args, wd, cache, timeout=600)   # external_opd finished with 4 steps: refused
   assert r.returncode != 0 and "external.steps: 4 -> 3" in r.stderr, r.stderr[-2000:]
-  shutil.rmtree(os.path.join(wd, "seed_0", "external_opd"))
+  for phase in ("external_opd", "control_opd"):
+    shutil.rmtree(os.path.join(wd, "seed_0", phase))
   r = _main(args, wd, cache, timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
   assert all(mtime(p) == before[p] for p in kept)
   assert mtime("external_opd") > before["external_opd"]
+  assert mtime("control_opd") > before["control_opd"]
   assert phase_result(wd, "external_opd")["config"]["external"]["steps"] == 3
   assert len(phase_result(wd, "external_opd")["curve"]) >= 2
+
+
+def test_claim_d_degrades_by_noisy_sft_charges_it_to_no_arm_and_recovers(study, cache, tmp_path):
+  """The self-teacher phases end to end on a copy of the mini study (its base, joint GRPO and
+  external teacher reused): the degradation (noisy SFT on math) is under base/degrade, charged to
+  no arm; every recovery arm trains and is evaluated on math alone; and the degradation check
+  refuses a loss below self_teacher.min_loss naming the seed."""
+  wd = tmp_path / "study"
+  shutil.copytree(study[0], wd)
+  args = [a for a in MINI if not a.startswith("--config.phases")] + [
+      "--config.phases=('base','joint','self_teacher')",   # the external teacher: reused
+      "--config.self_teacher.degrade_steps=3", "--config.self_teacher.recover_steps=2",
+      "--config.self_teacher.eval_refine=1"]
+  r = _main(args + ["--config.self_teacher.min_loss=1.0"], wd, cache, timeout=600)
+  assert r.returncode != 0 and "seed 0: 3 noisy SFT steps on math cost math only" in r.stderr, \
+      r.stderr[-2000:]
+  r = _main(args + ["--config.self_teacher.min_loss=0.0"], wd, cache, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  degrade = phase_result(wd, "degrade")
+  assert set(degrade["ledger"]["flops"]) == {"base/degrade", "eval/heldout", "eval/stop"}
+  arms = {a["arm"]: a for a in json.load(open(os.path.join(wd, "seed_0", "arms.json")))["arms"]}
+  assert arms["degrade"]["flops_by_phase"] == {} and "SFT'd 3 steps on math" in arms["degrade"][
+      "note"]
+  for name in ("recover_self", "recover_external", "recover_grpo"):
+    assert set(arms[name]["curve"][-1]["accuracy"]) == {"math"}, name
+    assert sum(arms[name]["flops_by_phase"].values()) > 0, name
+  assert "recover_self" in json.load(open(os.path.join(wd, "report", "report.json")))["arms"]
 
 
 def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):
@@ -370,7 +417,7 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   from smjax.study.config import RUN_NEUTRAL_FIELDS  # pylint: disable=import-outside-toplevel
   reads = {spec.name: set(ph.read_fields(spec)) for spec in (
       ph.BASE, ph.JOINT, ph.EXPERT, ph.MOPD, ph.EXTERNAL_TEACHER, ph.EXTERNAL_OPD, ph.DEGRADE,
-      ph.RECOVER_SELF, ph.RECOVER_EXTERNAL, ph.RECOVER_GRPO)}
+      ph.RECOVER_SELF, ph.RECOVER_EXTERNAL, ph.RECOVER_GRPO, ph.CONTROL_TEACHER, ph.CONTROL_OPD)}
   common = set(ph.COMMON_READS)
   assert reads["base"] == common | {"base"}
   assert reads["joint_grpo"] == common | {"base", "rl", "joint"}
@@ -384,5 +431,12 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   assert {"rl", "joint", "self_teacher.degrade_steps"} <= reads["recover_grpo"]
   assert "opd" not in reads["recover_grpo"] and "opd" in reads["recover_self"]
   assert reads["recover_external"] >= reads["external_teacher"]
+  # The control teacher is SFT'd as the external one is, but is not its preset; both OPD arms
+  # run under the same rules and token cap.
+  assert reads["control_teacher"] == reads["external_teacher"] - {"external.teacher_preset"}
+  assert reads["control_opd"] - reads["control_teacher"] == (
+      reads["external_opd"] - reads["external_teacher"])
+  assert "external.max_new_tokens" in reads["external_opd"]
+  assert "external.max_new_tokens" not in reads["mopd"] | reads["joint_grpo"]
   # A run-neutral field is never read.
   assert not any(f in r for r in reads.values() for f in RUN_NEUTRAL_FIELDS)

@@ -106,7 +106,7 @@ def test_tpu_setup():
       "set -e; cd ~/smjax && (sudo apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 || "
       "echo 'no tcmalloc: glibc malloc') && python3 -m pip install --user -q uv && "
       "~/.local/bin/uv venv --python 3.11 .venv && "
-      "~/.local/bin/uv pip install --python .venv/bin/python -e . 'jax[tpu]==0.10.2' && "
+      "~/.local/bin/uv pip install --python .venv/bin/python -e '.[gcs]' 'jax[tpu]==0.10.2' && "
       ".venv/bin/python -c 'import jax; print(jax.process_index(), jax.local_device_count(), "
       "jax.device_count())'")
 

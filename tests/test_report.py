@@ -226,6 +226,27 @@ def _frontier_arms(seed=0, split_cut=None):
   return [base, joint, early, late]
 
 
+def test_the_best_checkpoint_is_chosen_on_the_stop_set_and_read_on_the_report_set():
+  """best_accuracy / best_flops: the point with the best stop-set mean, at its report accuracy;
+  a verdict line sets the arms' best checkpoints side by side."""
+  curve = _curve([(10, .3, .3), (20, .5, .5), (30, .9, .9)])
+  for p, stop in zip(curve, (.5, .9, .7)):   # the stop set prefers the second point
+    p["stop"] = {"accuracy": {"math": stop, "code": stop}}
+  arms = {a.arm: a for a in _frontier_arms()[:2]}
+  arms["external_opd"] = ArmResult("external_opd", 0, curve, {"train/policy": 30.0})
+  f = seed_figures(arms, {}, target_fraction=0.9, reference_arm="joint_grpo",
+                   recover_domain=None, levels=(0.9,))
+  assert f["external_opd|best_accuracy"] == pytest.approx(.5)
+  assert f["external_opd|best_flops"] == 20.0
+  assert f["external_opd|accuracy_mean"] == pytest.approx(.9)     # the final point
+  # joint GRPO has no stop set on its points: its report accuracy chooses (the last, .6).
+  assert f["joint_grpo|best_accuracy"] == pytest.approx(.6)
+  assert "base|best_accuracy" not in f                            # not trained, no choice
+  rep = build_report(list(arms.values()), bootstrap=0, levels=(0.9,))
+  assert ("(c) best checkpoint (chosen on the stop set, measured on the report set): "
+          "joint_grpo 60.0%; external_opd 50.0%") in rep["verdicts"]
+
+
 def test_frontier_is_each_routes_cheapest_first_passage():
   f = seed_figures({a.arm: a for a in _frontier_arms()}, {}, target_fraction=0.9,
                    reference_arm="joint_grpo", recover_domain=None, levels=(0.5, 0.9))
@@ -246,6 +267,16 @@ def test_frontier_is_each_routes_cheapest_first_passage():
   assert split.value == pytest.approx(100.0) and split.side == 1
   # "every domain at its level" (.56 on each): math reaches .56 at 174 on the late set too.
   assert f["_frontier|every/0.9/joint"] == pytest.approx(180.0)
+  # The early set's distillation met its stop rule (its curve went flat) below .56: it does not
+  # get there, so it is no candidate, and the late set's 174 is exact. Cut at its cap while still
+  # rising (reached False, as above) it stayed a censored candidate.
+  flat = {a.arm: (dataclasses.replace(a, reached=True) if a.arm == "split_merge@0.9" else a)
+          for a in _frontier_arms()}
+  h = seed_figures(flat, {}, target_fraction=0.9, reference_arm="joint_grpo",
+                   recover_domain=None, levels=(0.5, 0.9))
+  assert h["_frontier|mean/0.9/split"] == pytest.approx(174.0)
+  assert h["_frontier|mean/0.9/set"] == 1.0
+  assert h["_frontier|mean/0.5/split"] == pytest.approx(76.0)    # where it got there, it counts
   # Without the early set the late one's 174 is exact: a saving of 1 - 174 / 180.
   late_only = {a.arm: a for a in _frontier_arms() if a.arm != "split_merge@0.9"}
   g = seed_figures(late_only, {}, target_fraction=0.9, reference_arm="joint_grpo",
@@ -277,6 +308,42 @@ def test_frontier_report_censors_a_truncated_curve_and_names_the_set():
   assert table.startswith("Frontier: training FLOPs to each level") and "76" in table
   with pytest.raises(ValueError, match="target_fraction=0.9 must be one of"):
     build_report(arms, levels=(0.5, 0.75))
+
+
+def test_one_seed_without_a_bootstrap_words_its_verdicts_without_intervals():
+  """`smjax report --bootstrap=0` on one seed: no line judges a difference against an interval
+  it does not have ("not distinguishable"), nor claims a confidence level."""
+  arms = [a for a in _frontier_arms() if a.arm != "split_merge@0.9"]
+  rep = build_report(arms, bootstrap=0, levels=(0.5, 0.9))
+  (line,) = [v for v in rep["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
+  assert "split-then-merge needs 3.3% fewer FLOPs than joint_grpo (174 against 180" in line, line
+  assert not any("distinguishable" in v or "95%" in v or "[" in v for v in rep["verdicts"])
+  assert rep["verdicts"][-1].startswith("Intervals: none: one seed and no bootstrap replicates")
+  table = format_table(rep)
+  assert "seed [0]: point estimates, no intervals (no bootstrap)" in table and "95%" not in table
+  with_ci = build_report(arms, bootstrap=20, levels=(0.5, 0.9))
+  assert "95%" in format_table(with_ci) and with_ci["verdicts"][-1].startswith("Intervals: 95%")
+
+
+def test_terminal_table_fits_120_columns():
+  """The command line prints the table at TERMINAL_WIDTH: FLOPs without their intervals, then the
+  least-read columns left out, saying so; report.txt and the docs' markdown keep every column."""
+  from smjax.study.render import TERMINAL_WIDTH, markdown  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  reports = [build_report(_frontier_arms() + _frontier_arms(1), bootstrap=20)]
+  for name in ("demo_report.json", "demo_seeds_report.json",
+               "archive/stop_rule/study_two_full_report.json"):
+    with open(os.path.join(root, "docs", name)) as f:
+      reports.append(json.load(f))
+  for rep in reports:
+    full, short = format_table(rep), format_table(rep, width=TERMINAL_WIDTH)
+    assert max(len(ln) for ln in short.splitlines()) <= TERMINAL_WIDTH < max(
+        len(ln) for ln in full.splitlines())
+    assert "report.txt has every column in full" in " ".join(short.split())
+    assert short.count("\n\n") == full.count("\n\n")   # the same tables, one verdict each
+    for arm in rep["arms"]:
+      assert f"\n{arm} " in short
+  assert "bracket joint / split" in markdown(reports[1]) and "| resp len |" in markdown(reports[1])
 
 
 def test_verdicts_count_the_seeds_that_agree():
@@ -361,7 +428,8 @@ def test_length_verdict_and_held_out_sets():
   # external: (9 + 7) / 2 = 8 tokens against joint's (3 + 5) / 2 = 4.
   line = "(c) external-teacher OPD answers are +4.0 tokens [+4.0, +4.0] vs joint_grpo"
   assert line in build_report(arms, bootstrap=10)["verdicts"]
-  assert "(c) external-teacher OPD answers are +4.0 tokens vs joint_grpo (not distinguishable)" \
+  # Without a bootstrap one seed has no interval: the point estimate, not a judgement on it.
+  assert "(c) external-teacher OPD answers are +4.0 tokens vs joint_grpo" \
       in build_report(arms, bootstrap=0)["verdicts"]
   # The arms of a seed must share one held-out set.
   ext.curve[-1]["correct"]["math"] = [1] * (N + 1)
@@ -475,7 +543,7 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   past it by 2 more evaluations and 25 % more of its own FLOPs; `on_eval` sees every point."""
   from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   ex = types.SimpleNamespace(domain="math", prompt="q")
-  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2)), [ex, ex],
+  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2), num_samples=2), [ex, ex],
                         np.array([0.0, 1.0], np.float32))
   monkeypatch.setattr(loop_lib, "rollout", lambda *a, **k: (ro, []))
   monkeypatch.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
@@ -565,7 +633,7 @@ def test_a_capture_and_plateau_rule_resumes_to_the_same_stop(monkeypatch):
   a fresh rule stops where the uninterrupted run did."""
   from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   ex = types.SimpleNamespace(domain="math", prompt="q")
-  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2)), [ex, ex],
+  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2), num_samples=2), [ex, ex],
                         np.array([0.0, 1.0], np.float32))
   monkeypatch.setattr(loop_lib, "rollout", lambda *a, **k: (ro, []))
   monkeypatch.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
@@ -629,8 +697,9 @@ def test_evaluations_are_dense_where_a_run_starts_and_on_the_grid_later():
 def test_rollout_metrics_count_the_completions_that_ran_to_the_cap():
   from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   ex = [types.SimpleNamespace(domain=d) for d in ("math", "math", "code", "code")]
-  result = types.SimpleNamespace(lengths_B=np.array([3, 5, 5, 2]), completion_BC=np.zeros((4, 5)))
-  m = loop_lib.rollout_metrics(loop_lib.Rollout(result, ex, np.array([1.0, 0.0, 0.0, 0.0])), 2)
+  result = types.SimpleNamespace(lengths_B=np.array([3, 5, 5, 2]), completion_BC=np.zeros((4, 5)),
+                                 num_samples=2)
+  m = loop_lib.rollout_metrics(loop_lib.Rollout(result, ex, np.array([1.0, 0.0, 0.0, 0.0])))
   assert m["length/at_cap"] == 0.5 and m["length/math"] == 4.0
   assert m["reward/zero_variance_groups"] == 0.5 and m["reward/math"] == 0.5
 

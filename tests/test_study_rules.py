@@ -258,14 +258,19 @@ def test_a_mild_degradation_is_refused_naming_the_seed_and_the_values():
   """Claim (d) needs a degradation the recovery can be measured against: the degrade phase must
   cost the recovered domain at least self_teacher.min_loss on the stop set."""
   from smjax.study.run import DegradationError, check_degradation  # pylint: disable=C0415
-  c = study_defaults()   # degrade code, recover math, min_loss 0.2
+  c = study_defaults()   # noisy SFT on math (recovered), min_loss 0.2
   point = lambda math, report=0.5: {"accuracy": {"math": report, "code": .9},  # noqa: E731
                                     "stop": {"accuracy": {"math": math, "code": .9}}}
   out = lambda p: PhaseOutput(params=None, ledger=None, curve=[p], extra={})  # noqa: E731
   check_degradation(c, 3, out(point(.97)), out(point(.70)))        # 27 points: measurable
+  with pytest.raises(DegradationError, match=r"seed 3: 300 noisy SFT steps on math cost math "
+                     r"only 2\.2 points \(99\.4% -> 97\.2% on the stop set\), less than "
+                     r"config\.self_teacher\.min_loss=0\.2: raise self_teacher\.degrade_steps "
+                     r"or lower self_teacher\.degrade_correct_fraction"):
+    check_degradation(c, 3, out(point(.994)), out(point(.972)))
+  c.self_teacher.degrade, c.self_teacher.degrade_steps = "grpo", 1000
   with pytest.raises(DegradationError, match=r"seed 3: 1000 GRPO steps on code cost math only "
-                     r"2\.2 points \(99\.4% -> 97\.2% on the stop set\), less than "
-                     r"config\.self_teacher\.min_loss=0\.2"):
+                     r"2\.2 points .* or choose a degrade_domain that interferes with math"):
     check_degradation(c, 3, out(point(.994)), out(point(.972)))
   # Read on the stop set, not the report set: a report-set drop alone does not count.
   with pytest.raises(DegradationError, match="seed 1"):

@@ -104,9 +104,10 @@ def study_defaults() -> mlc.ConfigDict:
   # expert keeps a checkpoint the first time its domain, on the stop set, has gained each of
   # `bars` (fractions of joint GRPO's final gain there), and MOPD runs from every such set of
   # checkpoints (an expert that never crossed a bar stands in its set with its whole run); an
-  # expert stops once past its last bar (and its run-on) or after `steps` (the cap). `prompts_per_step`: the expert's batch; 0 is joint
-  # GRPO's prompts per step over the number of domains, so that a domain gets as many samples
-  # per step in both routes (rl.prompts_per_step: the full-batch variant).
+  # expert stops once past its last bar (and its run-on) or after `steps` (the cap).
+  # `prompts_per_step`: the expert's batch; 0 is joint GRPO's prompts per step over the number
+  # of domains, so that a domain gets as many samples per step in both routes
+  # (rl.prompts_per_step: the full-batch variant).
   c.joint = mlc.ConfigDict(dict(steps=1200, eval_refine=4))
   c.experts = mlc.ConfigDict(dict(steps=600, prompts_per_step=0, bars=(0.75, 0.9, 0.95, 1.0),
                                   eval_refine=4))
@@ -133,19 +134,31 @@ def study_defaults() -> mlc.ConfigDict:
 
   # The external teacher stands for someone else's post-trained model: a larger model SFT'd on
   # gold solutions in a verbose style (the answer restated after the solution), long enough to
-  # be good at the task, so that claim (c) is a fair test (docs/calibration.md).
+  # be good at the task, so that claim (c) is a fair test (docs/calibration.md). Its OPD arm
+  # samples up to `max_new_tokens` (0: the teacher's own cap, rl.max_new_tokens +
+  # TEACHER_EXTRA_TOKENS), so that the student can write the teacher's longest answer instead of
+  # being cut off (and scored) mid-imitation; the other phases keep rl.max_new_tokens. `control`:
+  # a control teacher too, the student's architecture SFT'd the same way on the plain chains,
+  # distilled under the same rules (arm control_opd): it tells "a bigger teacher" from "a
+  # verbose one" (external_opd against control_opd against joint GRPO).
   c.external = mlc.ConfigDict(dict(
       teacher_preset="toy-small", teacher_sft_steps=1000, teacher_learning_rate=2e-3,
-      teacher_seq_len=96, steps=300))
+      teacher_seq_len=96, steps=300, max_new_tokens=0, control=True))
 
-  # Claim (d): the joint model trained `degrade_steps` more GRPO steps on `degrade_domain` (which
-  # must cost it at least `min_loss` of accuracy on `recover_domain`, checked on every seed like
-  # the base's band), then recovered by three routes, each running its whole `recover_steps`;
+  # Claim (d): the joint model degraded on `recover_domain` (which must cost it at least
+  # `min_loss` of accuracy there, checked on every seed like the base's band), then recovered by
+  # three routes, each running its whole `recover_steps`. `degrade`: "noisy_sft" (`degrade_steps`
+  # SFT steps at `degrade_learning_rate` on recover_domain's chains with mistakes, a fraction
+  # `degrade_correct_fraction` of them right, as the base's mixture: later training on noisy
+  # data, a loss that lands near that fraction on every seed) or "grpo" (`degrade_steps` more
+  # GRPO steps on `degrade_domain`: forgetting by interference, which in the toy's shared-skill
+  # domains cost math 13 points on average, under 20 on some seeds, docs/study.md);
   # the report reads from their whole curves the FLOPs each needs to get back
   # `recover_target_fraction` of what was lost. The recovery arms are evaluated `eval_refine`
   # times as often as the study's grid: they are short, and their FLOPs to target is the claim.
   c.self_teacher = mlc.ConfigDict(dict(
-      degrade_domain="code", recover_domain="math", degrade_steps=1000, recover_steps=200,
+      degrade="noisy_sft", degrade_domain="code", recover_domain="math", degrade_steps=300,
+      degrade_learning_rate=1e-3, degrade_correct_fraction=0.5, recover_steps=200,
       recover_target_fraction=0.9, eval_refine=64, min_loss=0.2))
 
   # Evaluation: each held-out prompt sampled `samples` times at rl.temperature (the headline
@@ -216,8 +229,23 @@ def validate(c: mlc.ConfigDict) -> None:
       if c.self_teacher[f] not in c.domains:
         raise ValueError(f"config.self_teacher.{f}={c.self_teacher[f]!r} is not one of "
                          f"config.domains={list(c.domains)}")
-    if c.self_teacher.degrade_domain == c.self_teacher.recover_domain:
-      raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ")
+    if c.self_teacher.degrade not in ("noisy_sft", "grpo"):
+      raise ValueError(f"config.self_teacher.degrade={c.self_teacher.degrade!r} must be "
+                       "'noisy_sft' or 'grpo'")
+    if (c.self_teacher.degrade == "grpo" and
+        c.self_teacher.degrade_domain == c.self_teacher.recover_domain):
+      raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ "
+                       "(degrade='grpo' degrades recover_domain by training on another)")
+    if c.self_teacher.degrade == "noisy_sft" and (
+        c.form != "chain" or c.self_teacher.recover_domain not in ("math", "code", "logic",
+                                                                   "strings")):
+      raise ValueError(f"config.self_teacher.degrade='noisy_sft' flaws the chains of a toy "
+                       f"domain (form='chain'); recover_domain={c.self_teacher.recover_domain!r}"
+                       f", form={c.form!r}: use degrade='grpo'")
+    if not 0.0 <= float(c.self_teacher.degrade_correct_fraction) < 1.0:
+      raise ValueError(f"config.self_teacher.degrade_correct_fraction="
+                       f"{c.self_teacher.degrade_correct_fraction} must be in [0, 1) (1: no "
+                       "mistakes, nothing degrades)")
     if not 0.0 <= float(c.self_teacher.min_loss) <= 1.0:
       raise ValueError(f"config.self_teacher.min_loss={c.self_teacher.min_loss} must be in "
                        "[0, 1] (an accuracy drop)")
@@ -249,7 +277,8 @@ def validate(c: mlc.ConfigDict) -> None:
   if int(c.mopd.plateau_evals) < 1 or float(c.mopd.plateau_tol) < 0:
     raise ValueError(f"config.mopd: plateau_evals={c.mopd.plateau_evals} must be >= 1 and "
                      f"plateau_tol={c.mopd.plateau_tol} >= 0")
-  for field in ("stop_size", "experts.prompts_per_step", "run_on.evals"):
+  for field in ("stop_size", "experts.prompts_per_step", "run_on.evals",
+                "external.max_new_tokens"):
     sect, _, key = field.partition(".")
     value = c[sect][key] if key else c[sect]
     if int(value) < 0:
@@ -285,6 +314,12 @@ def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
 # The external teacher samples this many tokens past rl.max_new_tokens: its verbose style restates
 # the problem and the answer after the solution (smjax.study.phases.verbose).
 TEACHER_EXTRA_TOKENS = 24
+
+
+def external_max_new_tokens(c: mlc.ConfigDict) -> int:
+  """The token cap of the external teacher's OPD arm (and its control's): external.max_new_tokens,
+  0 meaning the teacher's own (rl.max_new_tokens + TEACHER_EXTRA_TOKENS)."""
+  return int(c.external.max_new_tokens) or int(c.rl.max_new_tokens) + TEACHER_EXTRA_TOKENS
 
 
 def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from smjax import checkpoint as ckpt_lib
+from smjax import paths
 from smjax.domains import TOY_DOMAINS
 from smjax.domains.base import rng_for
 from smjax.domains.chains import ANSWER_MARK
@@ -174,17 +175,52 @@ def train_flops(ledger: FlopLedger) -> dict[str, float]:
 
 
 def _writer(workdir: str, phase: str) -> MetricsWriter:
-  return MetricsWriter(os.path.join(workdir, phase, "logs"))
+  return MetricsWriter(paths.join(workdir, phase, "logs"))
 
 
 # -------------------------------------------------------------------------- GRPO and OPD runs
 
-def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, algo: str,
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+  """An RL algorithm as a phase runs it, declared once (`grpo`, `opd`): the config section that
+  holds its batch, samples per prompt, temperature and learning rate; its optimiser and jitted
+  step (the seed's, compiled once); how a rollout becomes its batch (`batch(init_params,
+  router)`, a make_batch for run_rl); and whether its first run may fix the seed's evaluation
+  grid (smjax.study.store: the first GRPO phase does)."""
+  section: str
+  tx: Any
+  step: Any
+  batch: Callable[[Any, TeacherRouter | None], Callable]
+  fixes_grid: bool
+
+
+def grpo(shared: SeedShared) -> Algorithm:
+  """GRPO on verifier rewards: config.rl, a reference forward only when rl.beta > 0."""
+  c = shared.config
+
+  def batch(init_params, router):
+    del router
+    ref = Reference(shared.model_cfg, init_params) if c.rl.beta else None
+    return functools.partial(grpo_batch, layout=shared.grpo_layout, reference=ref)
+  return Algorithm("rl", shared.rl_tx, shared.grpo_step, batch, fixes_grid=True)
+
+
+def opd(shared: SeedShared) -> Algorithm:
+  """On-policy distillation, the student's samples scored by the router's teachers: config.opd."""
+  def batch(init_params, router):
+    del init_params
+    if router is None:
+      raise ValueError("opd: an OPD phase needs its teachers (a TeacherRouter)")
+    return functools.partial(opd_batch, router=router, layout=shared.opd_layout)
+  return Algorithm("opd", shared.opd_tx, shared.opd_step, batch, fixes_grid=False)
+
+
+def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, algo: Algorithm,
              init_params, domains, steps: int, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
              eval_refine: int = 1, stop_at=None, prompts_per_step: int | None = None,
-             snapshot_at: dict | None = None) -> PhaseOutput:
-  """One GRPO (`algo="grpo"`) or OPD (`"opd"`, scored by `router`) phase from `init_params`,
+             snapshot_at: dict | None = None, max_new_tokens: int | None = None) -> PhaseOutput:
+  """One run of `algo` (`grpo(shared)`, or `opd(shared)` scored by `router`) from `init_params`,
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
   FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
   (curve point -> bool, smjax.study.rules) ends it once it has run on past the first evaluation
@@ -192,14 +228,15 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
   (default: config.rl's or config.opd's). `snapshot_at` ({label: rule or None}): the parameters
   are kept (store.snapshot_dir) at the first evaluation that meets each rule. Its output's extra
   says whether it met `stop_at` (`reached`), at which curve point (`stop_point`), and where each
-  snapshot was taken (`snapshots`: {label: {"step", "flops"}})."""
+  snapshot was taken (`snapshots`: {label: {"step", "flops"}}). `max_new_tokens`: the student's
+  token cap in this phase's rollouts and evaluations (default: rl.max_new_tokens, the study's),
+  its sampler's context raised by as many tokens as the cap."""
   c = shared.config
   reads = read_fields(spec)
-  grpo = algo == "grpo"
 
   def fn():
-    rl = c.rl if grpo else c.opd
-    every = store.grid_or_refuse(workdir, c, phase, may_fix=grpo)
+    rl = c[algo.section]
+    every = store.grid_or_refuse(workdir, c, phase, may_fix=algo.fixes_grid)
     loop = RLLoopConfig(
         steps=steps, samples_per_prompt=rl.samples_per_prompt, temperature=rl.temperature,
         eval_every_steps=c.eval.every_steps, eval_every_flops=every / eval_refine,
@@ -207,17 +244,21 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
         seed=shared.seed * 7919 + stream_seed, progress=c.progress,
         collapse_window=int(c.collapse_window))
-    tx, step = (shared.rl_tx, shared.grpo_step) if grpo else (shared.opd_tx, shared.opd_step)
-    if grpo:
-      ref = Reference(shared.model_cfg, init_params) if c.rl.beta else None
-      make_batch = functools.partial(grpo_batch, layout=shared.grpo_layout, reference=ref)
-    else:
-      make_batch = functools.partial(opd_batch, router=router, layout=shared.opd_layout)
-    state = shared.new_state(jax.tree.map(jnp.copy, init_params), tx)
+    make_batch = algo.batch(init_params, router)
+    state = shared.new_state(jax.tree.map(jnp.copy, init_params), algo.tx)
     prompts = shared.prompts(domains, prompts_per_step or rl.prompts_per_step, stream_seed)
+    sampler = shared.sampler
+    if max_new_tokens is not None and max_new_tokens != sampler.max_new_tokens:
+      # The sampler's context grows by the extra tokens, so every prompt that fit still fits
+      # (RoPE: the context length is the cache's size, not a parameter's).
+      more = max(0, max_new_tokens - sampler.max_new_tokens)
+      cfg = dataclasses.replace(shared.model_cfg,
+                                max_seq_len=shared.model_cfg.max_seq_len + more)
+      sampler = Sampler(cfg, max_new_tokens=max_new_tokens, eos_id=shared.tokenizer.eos_id,
+                        pad_id=shared.tokenizer.pad_id, mesh=shared.mesh)
     evaluator = shared.evaluator
-    if heldout_domains is not None:
-      evaluator = shared.evaluator_for(domains=heldout_domains)
+    if heldout_domains is not None or sampler is not shared.sampler:
+      evaluator = shared.evaluator_for(sampler=sampler, domains=heldout_domains)
     mgr = store.checkpointer(workdir, c, phase, reads)
     progress = None
     snaps: dict = {}
@@ -244,7 +285,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
                           "flops_by_phase": train_flops(prog.ledger)}
 
     fix = None
-    if grpo and not every:
+    if algo.fixes_grid and not every:
       fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops) / eval_refine
     # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
     # step) waits for its pending async save before it propagates, so no save is left running.
@@ -252,14 +293,14 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
       if restored is not None:   # training rows are logged by step index, evaluations by steps done
         at = restored.step
         writer.keep_only(lambda r: r["step"] < at or (r["step"] == at and "loss" not in r))
-      result = run_rl(state, name=phase, loop=loop, step=step, make_batch=make_batch,
-                      sampler=shared.sampler, tokenizer=shared.tokenizer, prompts=prompts,
+      result = run_rl(state, name=phase, loop=loop, step=algo.step, make_batch=make_batch,
+                      sampler=sampler, tokenizer=shared.tokenizer, prompts=prompts,
                       verify=shared.verify, evaluator=evaluator, writer=writer,
                       progress=progress, flops_offset=flops_offset, fix_eval_every=fix,
                       save=save, should_stop=guard.should_stop, stop_at=stop_at,
                       run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
                       on_eval=on_eval if snapshot_at else None,
-                      collapse_advice=f"config.{'rl' if grpo else 'opd'}.learning_rate="
+                      collapse_advice=f"config.{algo.section}.learning_rate="
                       f"{rl.learning_rate} too high for this model (rerun with a lower one into "
                       f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
     if result.stopped:
@@ -274,9 +315,12 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
 
 # ------------------------------------------------------------------- the external teacher
 
-EXTERNAL_TEACHER = PhaseSpec("external_teacher", reads=(
-    "external.teacher_preset", "external.teacher_sft_steps", "external.teacher_learning_rate",
-    "external.teacher_seq_len"), after=(BASE,))
+_TEACHER_SFT = ("external.teacher_sft_steps", "external.teacher_learning_rate",
+                "external.teacher_seq_len")
+EXTERNAL_TEACHER = PhaseSpec("external_teacher", reads=("external.teacher_preset",) + _TEACHER_SFT,
+                             after=(BASE,))
+# The control teacher: the student's architecture, SFT'd like the external teacher on plain chains.
+CONTROL_TEACHER = PhaseSpec("control_teacher", reads=_TEACHER_SFT, after=(BASE,))
 
 
 def verbose(example):
@@ -289,13 +333,27 @@ def verbose(example):
 def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
   """The external teacher: a larger model SFT'd on verbose solutions (reported under base/*,
   not charged to any arm: it stands for someone else's post-trained model)."""
-  c = shared.config
-  e, b = c.external, c.base
+  e = shared.config.external
   cfg = get_preset(e.teacher_preset)
   if cfg.vocab_size != shared.model_cfg.vocab_size:
     raise ValueError(f"config.external.teacher_preset={e.teacher_preset!r} has vocab_size="
                      f"{cfg.vocab_size}, the student {shared.model_cfg.vocab_size}: OPD needs one "
                      "vocabulary")
+  return _teacher_sft(shared, workdir, EXTERNAL_TEACHER, cfg, verbose, 1, 2,
+                      {"preset": e.teacher_preset, "style": "verbose"})
+
+
+def phase_control_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
+  """The control teacher: the student's architecture SFT'd as the external teacher is (steps,
+  learning rate, from a random init) on the plain gold chains; under base/*, charged to no arm."""
+  return _teacher_sft(shared, workdir, CONTROL_TEACHER, shared.model_cfg, None, 3, 4,
+                      {"preset": "student", "style": "plain"})
+
+
+def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transform,
+                 init_offset: int, stream_seed: int, extra: dict) -> PhaseOutput:
+  c = shared.config
+  e, b = c.external, c.base
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=e.teacher_learning_rate, warmup_steps=20,
@@ -303,21 +361,25 @@ def phase_external_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(cfg), tx),
                               state_shardings=state_shardings(shared.mesh, tx, cfg))
-    state = shared.new_state(shared.random_params(jax.random.key(shared.seed + 1), cfg), tx, cfg)
-    stream = shared.prompts(c.domains, b.batch_size, 2, transform=verbose)
-    with _writer(workdir, EXTERNAL_TEACHER.name) as writer:
-      state, ledger = _sft(shared, workdir, EXTERNAL_TEACHER, phase="base/external_teacher",
-                           state=state, step=step, stream=stream, seq_len=e.teacher_seq_len,
+    state = shared.new_state(
+        shared.random_params(jax.random.key(shared.seed + init_offset), cfg), tx, cfg)
+    stream = shared.prompts(c.domains, b.batch_size, stream_seed, transform=transform)
+    with _writer(workdir, spec.name) as writer:
+      state, ledger = _sft(shared, workdir, spec, phase=f"base/{spec.name}", state=state,
+                           step=step, stream=stream, seq_len=e.teacher_seq_len,
                            num_steps=e.teacher_sft_steps, writer=writer)
-    sampler = Sampler(cfg, max_new_tokens=c.rl.max_new_tokens + TEACHER_EXTRA_TOKENS,
+    # A teacher samples TEACHER_EXTRA_TOKENS past the student's cap, in a context at least that
+    # much longer than the student's (RoPE: the context is the cache's size, not a parameter).
+    long = shared.model_cfg.max_seq_len + TEACHER_EXTRA_TOKENS
+    sampler = Sampler(dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, long)),
+                      max_new_tokens=c.rl.max_new_tokens + TEACHER_EXTRA_TOKENS,
                       eos_id=shared.tokenizer.eos_id, pad_id=shared.tokenizer.pad_id)
-    evaluator = shared.evaluator_for(sampler=sampler, phase="eval/external_teacher")
+    evaluator = shared.evaluator_for(sampler=sampler, phase=f"eval/{spec.name}")
     fields, calls = evaluator(state.params)
     ledger.add(calls)
-    return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)],
-                       {"preset": e.teacher_preset})
-  return store.run_phase(workdir, c, EXTERNAL_TEACHER.name, read_fields(EXTERNAL_TEACHER),
-                         shared.abstract_params(cfg), fn)
+    return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)], extra)
+  return store.run_phase(workdir, c, spec.name, read_fields(spec), shared.abstract_params(cfg),
+                         fn)
 
 
 # ------------------------------------------------------------------ the RL phases' declarations
@@ -328,12 +390,50 @@ JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,))
 EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm", "run_on"),
                    after=(BASE, JOINT))   # expert_<domain>
 MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,))  # mopd[@<bar>]
-EXTERNAL_OPD = PhaseSpec("external_opd", reads=("rl", "opd", "external.steps", "run_on",
-                                                "report.target_fraction"),
-                         after=(EXTERNAL_TEACHER,))
+_EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "run_on",
+                 "report.target_fraction")
+EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,))
+CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,))
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.
-DEGRADE = PhaseSpec("degrade", reads=("self_teacher.degrade_domain", "self_teacher.degrade_steps"),
-                    after=(JOINT,))
+DEGRADE = PhaseSpec("degrade", reads=(
+    "self_teacher.degrade", "self_teacher.degrade_domain", "self_teacher.degrade_steps",
+    "self_teacher.degrade_learning_rate", "self_teacher.degrade_correct_fraction",
+    "self_teacher.recover_domain"), after=(JOINT,))
+
+
+def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> PhaseOutput:
+  """Claim (d)'s degradation by noisy data (self_teacher.degrade="noisy_sft"): the joint model
+  SFT'd `degrade_steps` steps at `degrade_learning_rate` (constant) on every domain's chains,
+  recover_domain's with their mistake sites flawed so that `degrade_correct_fraction` of them
+  are right (the base's mixture, `flaw_mixture`) and the others' right, then evaluated. (On
+  recover_domain alone the model forgets the other domains too: code fell to 0 %.) Its SFT
+  FLOPs are reported under base/* and charged to no arm: the degradation is where every
+  recovery route starts, not a route."""
+  c = shared.config
+  st, b = c.self_teacher, c.base
+  rec = st.recover_domain
+
+  def fn():
+    opt = state_lib.OptimizerConfig(learning_rate=float(st.degrade_learning_rate),
+                                    warmup_steps=0, total_steps=max(int(st.degrade_steps), 1),
+                                    schedule="constant")
+    tx = state_lib.make_optimizer(opt)
+    step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(shared.model_cfg), tx),
+                              state_shardings=state_shardings(shared.mesh, tx, shared.model_cfg))
+    state = shared.new_state(jax.tree.map(jnp.copy, joint.params), tx)
+    mix = flaw_mixture(shared.domains, {d: float(st.degrade_correct_fraction) if d == rec else 1.0
+                                        for d in c.domains})
+    with _writer(workdir, DEGRADE.name) as writer:
+      state, ledger = _sft(shared, workdir, DEGRADE, phase="base/degrade", state=state,
+                           step=step, stream=shared.prompts(c.domains, b.batch_size, 50, mix),
+                           seq_len=b.seq_len, num_steps=int(st.degrade_steps), writer=writer)
+      fields, calls = shared.evaluator(state.params)
+      ledger.add(calls)
+      writer.write(int(st.degrade_steps),
+                   {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
+    return PhaseOutput(state.params, ledger, [_point(int(st.degrade_steps), fields)], {})
+  return store.run_phase(workdir, c, DEGRADE.name, read_fields(DEGRADE), shared.abstract_params(),
+                         fn)
 # The recovery arms run their whole budget: their target (self_teacher.recover_target_fraction)
 # is the report's to read off their curves, and self_teacher.min_loss is checked between the
 # phases (smjax.study.run.check_degradation); neither changes what a recovery phase computes.

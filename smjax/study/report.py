@@ -36,7 +36,7 @@ import numpy as np
 
 from smjax.ledger import flops_to_reach
 from smjax.study import stats
-from smjax.study.rules import captured, mean_accuracy as _mean
+from smjax.study.rules import captured, mean_accuracy as _mean, stop_accuracy
 from smjax.study.verdicts import verdicts
 
 
@@ -175,7 +175,8 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   that share of the reference's mean gain, for "every" each domain must reach its own level
   (base_d plus that share of the reference's gain on d); figures "joint" (the reference's first
   passage), "split" (the cheapest split-then-merge set's first passage: experts' FLOPs at its
-  checkpoints plus distillation), "saving" (1 - split / joint), "distillation_share" (that set's
+  checkpoints plus distillation; a set whose distillation met its stop rule, its curve flat,
+  below the level is no candidate, one cut at its cap is, censored), "saving" (1 - split / joint), "distillation_share" (that set's
   distillation FLOPs over its experts'), "joint_bracket" / "split_bracket" (the evaluation
   interval each passage was interpolated in, as a share of its FLOPs), "set" (which set, as its
   index in `split_sets`)."""
@@ -251,6 +252,12 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
       f["headroom_mean"] = math.nan if got is None else got
     if a.expert_flops:
       f["distillation_share_run"] = a.distill_flops / a.expert_flops
+    if a.flops_by_phase and len(a.curve) > 1:
+      # The best checkpoint: chosen on the stop set, measured on the report set (as a user who
+      # keeps the best evaluation would, without choosing it on the prompts it is reported on).
+      best = max(range(len(a.curve)), key=lambda i: scored(name, stop_accuracy(a.curve[i])))
+      f["best_accuracy"] = scored(name, acc[name][best])
+      f["best_flops"] = float(a.curve[best]["flops"])
     out |= {f"{name}|{k}": v for k, v in f.items()}
   if target is not None:
     out["_study|target"] = target
@@ -285,7 +292,13 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
       joint_xs = curve(reference_arm, lv, mode)
       joint = _reach(joint_xs, mark)
       split_xs = {n: curve(n, lv, mode) for n in sets}
-      label, split = _cheapest({n: _reach(x, mark) for n, x in split_xs.items()})
+      reach = {n: _reach(x, mark) for n, x in split_xs.items()}
+      # A set whose distillation met its stop rule (its curve went flat) below the level does not
+      # get there: it is no candidate. One that stopped at its cap still rising might: it stays,
+      # censored. (If none is left, the bounds are all there is to report.)
+      gets_there = {n: f for n, f in reach.items()
+                    if not (stats.side_of(f) > 0 and arms[n].reached)}
+      label, split = _cheapest(gets_there or reach)
       chosen = arms[label]
       out[key + "joint"] = joint
       out[key + "split"] = split

@@ -31,13 +31,14 @@ import os
 
 import ml_collections as mlc
 
+from smjax import distributed, paths
 from smjax import domains as domains_lib
 from smjax.checkpoint import ConfigMismatchError
 from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
 from smjax.study import store
-from smjax.study.config import study_defaults, validate
+from smjax.study.config import external_max_new_tokens, study_defaults, validate
 from smjax.study.render import format_table, write_report
 from smjax.study import rules
 from smjax.study.report import ArmResult, build_report
@@ -137,7 +138,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   rl = lambda spec, name, **kw: ph.rl_phase(shared, workdir, spec, name, **kw)  # noqa: E731
   joint = None
   if "joint" in phases or "self_teacher" in phases:
-    joint = rl(ph.JOINT, ph.JOINT.name, algo="grpo", init_params=base.params,
+    joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
                domains=config.domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
@@ -155,7 +156,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
       bars = {} if ref is None else {
           f"{float(b):g}": rules.bar_rule(d, _stop_final(base), ref, float(b))
           for b in config.experts.bars}
-      experts[d] = rl(ph.EXPERT, name, algo="grpo", init_params=base.params, domains=[d],
+      experts[d] = rl(ph.EXPERT, name, algo=ph.grpo(shared), init_params=base.params, domains=[d],
                       steps=config.experts.steps, stream_seed=20 + i,
                       eval_refine=int(config.experts.eval_refine),
                       stop_at=bars.get(f"{float(config.experts.bars[-1]):g}"),
@@ -176,7 +177,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         teacher_acc = {d: rules.stop_accuracy(_point_at(experts[d].curve, m["step"]))[d]
                        for d, m in members.items()}
         expert_flops = sum(m["flops"] for m in members.values())
-        mopd = rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo="opd",
+        mopd = rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
                   init_params=base.params, domains=config.domains, steps=config.mopd.steps,
                   stream_seed=30, flops_offset=expert_flops,
                   router=shared.teacher_router(teachers), eval_refine=int(o.eval_refine),
@@ -202,20 +203,34 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                           note=f"{config.external.teacher_preset} SFT on verbose solutions; "
                           "not charged to any arm"))
   if "external" in phases:
-    t = Teacher("external", get_preset(config.external.teacher_preset), external.params,
-                tuple(config.domains))
-    # Like MOPD's, plus the report's level: capture and target, both on the stop set.
-    ext = rl(ph.EXTERNAL_OPD, ph.EXTERNAL_OPD.name, algo="opd", init_params=base.params,
-             domains=config.domains, steps=config.external.steps, stream_seed=40,
-             router=shared.teacher_router([t]), eval_refine=int(o.eval_refine),
-             stop_at=rules.all_rules(
-                 rules.capture_rule(_stop_final(base), _stop_final(external), o.capture_fraction),
-                 None if ref is None else rules.target_rule(
-                     _stop_final(base), ref, float(config.report.target_fraction))))
-    arms.append(ArmResult("external_opd", seed, ext.curve, train(ext),
-                          distill_flops=sum(train(ext).values()),
-                          teachers={d: "external_teacher" for d in config.domains},
-                          capture_fraction=o.capture_fraction, reached=ext.extra.get("reached")))
+    # Claim (c): OPD from the external teacher, and from its control (the student's size, plain
+    # chains), each under MOPD's capture rule plus the report's level, both on the stop set, with
+    # the student's token cap raised to the teacher's (external.max_new_tokens).
+    teachers = [(ph.EXTERNAL_OPD, "external", external,
+                 get_preset(config.external.teacher_preset), 40)]
+    if config.external.control:
+      control = ph.phase_control_teacher(shared, workdir)
+      arms.append(ArmResult("control_teacher", seed, control.curve, {},
+                            note="the student's architecture SFT'd on plain chains, as the "
+                            "external teacher on verbose ones; not charged to any arm"))
+      teachers.append((ph.CONTROL_OPD, "control", control, shared.model_cfg, 41))
+    cap = external_max_new_tokens(config)
+    for spec, who, teacher, cfg, stream_seed in teachers:
+      ext = rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
+               domains=config.domains,
+               steps=config.external.steps, stream_seed=stream_seed,
+               router=shared.teacher_router([Teacher(who, cfg, teacher.params,
+                                                      tuple(config.domains))]),
+               eval_refine=int(o.eval_refine), max_new_tokens=cap,
+               stop_at=rules.all_rules(
+                   rules.capture_rule(_stop_final(base), _stop_final(teacher), o.capture_fraction),
+                   None if ref is None else rules.target_rule(
+                       _stop_final(base), ref, float(config.report.target_fraction))))
+      arms.append(ArmResult(spec.name, seed, ext.curve, train(ext),
+                            distill_flops=sum(train(ext).values()),
+                            teachers={d: f"{who}_teacher" for d in config.domains},
+                            capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
+                            note=f"OPD from the {who} teacher, up to {cap} new tokens"))
   if "self_teacher" in phases:
     for arm in _self_teacher(shared, workdir, joint, external):
       arms.append(arm)
@@ -228,20 +243,19 @@ def _point_at(curve: list[dict], step: int) -> dict:
 
 
 class _ArmLog(list):
-  """A seed's arms, also written to `<seed workdir>/arms.json` (atomically) as each is added, so
-  that `smjax report` can render a partial study without running anything."""
+  """A seed's arms, also written to `<seed workdir>/arms.json` (atomically, by process 0) as each
+  is added, so that `smjax report` can render a partial study without running anything."""
 
   def __init__(self, workdir: str):
     super().__init__()
-    self.path = os.path.join(workdir, ARMS_FILE)
+    self.workdir = workdir
+    self.path = paths.join(workdir, ARMS_FILE)
 
   def append(self, arm: ArmResult) -> None:
     super().append(arm)
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump({"arms": [dataclasses.asdict(a) for a in self]}, f)
-    os.replace(tmp, self.path)
+    if distributed.is_coordinator():
+      paths.makedirs(self.workdir)
+      paths.write_atomic(self.path, json.dumps({"arms": [dataclasses.asdict(a) for a in self]}))
 
 
 ARMS_FILE = "arms.json"
@@ -250,9 +264,9 @@ ARMS_FILE = "arms.json"
 def load_arms(workdir: str) -> list[ArmResult]:
   """Every arm the seeds under a study workdir have finished so far (their arms.json)."""
   arms = []
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, ARMS_FILE)
-    if name.startswith("seed_") and os.path.exists(path):
+  for name in paths.listdir(workdir):
+    path = paths.join(workdir, name, ARMS_FILE)
+    if name.startswith("seed_") and paths.exists(path):
       arms.extend(ArmResult(**a) for a in read_json(
           path, "delete it and rerun the study command, which rewrites it from the finished "
           "phases", keys=("arms",))["arms"])
@@ -290,12 +304,17 @@ def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
   rec = st.recover_domain
   before, after = _stop_final(joint)[rec], _stop_final(degraded)[rec]
   if before - after < st.min_loss:
+    how, fix = ((f"{st.degrade_steps} GRPO steps on {st.degrade_domain}",
+                 f"choose a degrade_domain that interferes with {rec}")
+                if st.degrade == "grpo" else
+                (f"{st.degrade_steps} noisy SFT steps on {rec}",
+                 "lower self_teacher.degrade_correct_fraction"))
     raise DegradationError(
-        f"seed {seed}: {st.degrade_steps} GRPO steps on {st.degrade_domain} cost {rec} only "
+        f"seed {seed}: {how} cost {rec} only "
         f"{100 * (before - after):.1f} points ({100 * before:.1f}% -> {100 * after:.1f}% on the "
         f"stop set), less than config.self_teacher.min_loss={st.min_loss:g}: raise "
-        "self_teacher.degrade_steps or choose a degrade_domain that interferes with "
-        f"{rec}, into a fresh --workdir or after deleting that seed's degrade/ directory")
+        f"self_teacher.degrade_steps or {fix}, into a fresh --workdir or after deleting that "
+        "seed's degrade/ directory")
 
 
 def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput):
@@ -306,20 +325,26 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
   needs to get back recover_target_fraction of what the degradation lost."""
   st = shared.config.self_teacher
   deg_d, rec_d = st.degrade_domain, st.recover_domain
-  degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, ph.DEGRADE.name, algo="grpo",
-                         init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
-                         stream_seed=50)
+  if st.degrade == "grpo":
+    degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, ph.DEGRADE.name, algo=ph.grpo(shared),
+                           init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
+                           stream_seed=50)
+    how = f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}"
+  else:
+    degraded = ph.phase_degrade_sft(shared, workdir, joint)
+    how = (f"joint model SFT'd {st.degrade_steps} steps on {rec_d} chains, "
+           f"{100 * float(st.degrade_correct_fraction):g}% of them right")
   check_degradation(shared.config, shared.seed, joint, degraded)
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
-                    group="recovery",
-                    note=f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}")]
+                    group="recovery", note=how)]
   external_cfg = get_preset(shared.config.external.teacher_preset)
+  opd, grpo = ph.opd(shared), ph.grpo(shared)
   routes = (
-      (ph.RECOVER_SELF, "opd", Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
-      (ph.RECOVER_EXTERNAL, "opd", Teacher("external", external_cfg, external.params, (rec_d,))),
-      (ph.RECOVER_GRPO, "grpo", None),
+      (ph.RECOVER_SELF, opd, Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
+      (ph.RECOVER_EXTERNAL, opd, Teacher("external", external_cfg, external.params, (rec_d,))),
+      (ph.RECOVER_GRPO, grpo, None),
   )
   for i, (spec, algo, teacher) in enumerate(routes):
     router = None if teacher is None else shared.teacher_router([teacher])
@@ -329,19 +354,22 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
     arms.append(ArmResult(spec.name, shared.seed, out.curve, _train_flops(out), group="recovery",
                           target=target, teachers={rec_d: "joint_grpo"}, start="degrade",
                           capture_fraction=st.recover_target_fraction,
-                          distill_flops=sum(_train_flops(out).values()) if algo == "opd" else 0.0))
+                          distill_flops=sum(_train_flops(out).values()) if algo is opd else 0.0))
   return arms
 
 
 def run_study(config: mlc.ConfigDict, workdir: str) -> dict:
-  """Every seed of the study, then the report (report.json/csv/txt, curves.json, the plot)."""
-  workdir = os.path.abspath(workdir)
+  """Every seed of the study, then the report (report.json/csv/txt, curves.json, the plot).
+  `workdir`: a local path or a gs:// URL (smjax.paths; one this install cannot write is refused
+  before anything runs)."""
+  paths.check_workdir(workdir)
+  workdir = paths.resolve(workdir)
   first = start_study(config, workdir)
   arms = []
   for seed in config.seeds:
-    arms.extend(run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"),
+    arms.extend(run_seed(config, seed, paths.join(workdir, f"seed_{seed}"),
                          shared=first if seed == config.seeds[0] else None))
-  return make_report(config, arms, os.path.join(workdir, "report"))
+  return make_report(config, arms, paths.join(workdir, "report"))
 
 
 def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
@@ -349,10 +377,10 @@ def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
   (`validate`), the model files, the data and every held-out prompt's length (building the first
   seed's shared record, smjax.study.shared), and a workdir that holds no other study (its
   config.json may differ only in fields no finished base could have used). Then config.json is
-  written, atomically. Returns the first seed's shared record."""
+  written, atomically, by process 0. Returns the first seed's shared record."""
   validate(config)
-  path = os.path.join(workdir, "config.json")
-  if os.path.exists(path):
+  path = paths.join(workdir, "config.json")
+  if paths.exists(path):
     old = read_json(path, "delete the workdir or use a fresh --workdir")
     diff = config_diff(old, config.to_dict(),
                        store.unread_fields(config, ph.read_fields(ph.BASE)))
@@ -361,9 +389,9 @@ def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
           f"{workdir} holds another study (its config.json differs in fields every phase "
           f"depends on: {'; '.join(diff)}); use a fresh --workdir, or delete that one")
   shared = seed_shared(config, config.seeds[0])
-  os.makedirs(workdir, exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"   # seeds of one study may start as parallel processes
-  with open(tmp, "w") as f:
-    json.dump(config.to_dict(), f, indent=1)
-  os.replace(tmp, path)
+  if distributed.is_coordinator():
+    paths.makedirs(workdir)
+    # Seeds of one study may start as parallel processes: each its own temporary file.
+    paths.write_atomic(path, json.dumps(config.to_dict(), indent=1),
+                       tmp_suffix=f".{os.getpid()}.tmp")
   return shared

@@ -2,8 +2,10 @@
 
 A saving whose interval lies above 0 is stated as a saving, one below as a cost, one that holds 0
 as "not distinguishable", a censored one as a bound; with several seeds each line says how many
-seeds agree, and the last line says what the intervals cover (smjax.study.stats). The figures are
-smjax.study.report's (`build_report` calls `verdicts` on the report it built).
+seeds agree, and the last line says what the intervals cover (smjax.study.stats). A report without
+intervals (one seed and no bootstrap: `smjax report --bootstrap=0`) states its point estimates as
+such, and its last line says there are no intervals. The figures are smjax.study.report's
+(`build_report` calls `verdicts` on the report it built).
 """
 
 from __future__ import annotations
@@ -68,10 +70,25 @@ def _agree(v: dict, side: int) -> str:
   return f"; {sum(x * side > 0 for x in xs)} of {len(xs)} seeds agree"
 
 
-def _saving_line(what: str, s: dict, against: str, flops: dict | None = None) -> str:
+def point_only(report: dict) -> bool:
+  """Whether `report` has no intervals at all: one seed and no bootstrap replicates (bootstrap=0,
+  or curves without per-prompt counts). Several seeds have t intervals without a bootstrap."""
+  n = len(report.get("seeds") or [])
+  return report.get("bootstrap") == 0 and report.get(
+      "interval", "seeds" if n > 1 else "prompts") != "seeds"
+
+
+def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
+                 point: bool = False) -> str:
   """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
-  reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement."""
+  reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement.
+  `point`: the report has no intervals, so the point estimate's sign is stated as it is."""
   side, bound = _side(s), int(s.get("bound") or 0)
+  if point and not bound:
+    m = stats.number(s.get("mean"))
+    side = 1 if m > 0 else -1 if m < 0 else 0
+    if not side:
+      return f"{what} vs {against}: saving {_pct(s)}"
   if side > 0:
     return f"{what} needs {_pct(s)} fewer FLOPs than {against}" + _agree(s, 1)
   if side < 0:
@@ -89,6 +106,7 @@ def verdicts(report: dict) -> list[str]:
   """One line per claim the report can speak to, read off the intervals, each saying how many
   seeds agree; the last line says what the intervals cover."""
   arms, conf = report["arms"], f"{100 * report['confidence']:.0f}%"
+  point = point_only(report)
   lines = []
   ref = report.get("reference_arm") or "the reference"
   level = report.get("target_fraction", 0.9)
@@ -100,36 +118,54 @@ def verdicts(report: dict) -> list[str]:
     sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
     which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
     lines.append(f"(a) at {100 * level:.0f}% of {ref}'s gain ({where}): " + _saving_line(
-        "split-then-merge", at["saving"], ref, at["split"]) + f" ({_flops(at['split'])} against "
-        f"{_flops(at['joint'])}{which})")
+        "split-then-merge", at["saving"], ref, at["split"], point)
+        + f" ({_flops(at['split'])} against {_flops(at['joint'])}{which})")
   at = (front.get("mean") or {}).get(f"{level:g}") or {}
   if "distillation_share" in at and not math.isnan(stats.number(at["distillation_share"]["mean"])):
     lines.append(f"(b) distillation cost {_pct(at['distillation_share'])} of the experts' "
                  f"FLOPs on the cheapest route to {100 * level:.0f}% of {ref}'s gain")
-  ext = arms.get("external_opd", {})
-  if "saving_at_target" in ext:
-    lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
-        "external-teacher OPD", ext["saving_at_target"], ref, ext.get("flops_to_target")))
-  if "length_vs_reference" in ext:
-    d = ext["length_vs_reference"]
-    m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
-    ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
-    if not math.isnan(m):  # nan: a curve without lengths
-      lines.append(f"(c) external-teacher OPD answers are {m:+.1f} tokens{ci} vs {ref}"
-                   + ("" if _side(d) else " (not distinguishable)") + _agree(d, _side(d) or 1))
+  for arm, what in (("external_opd", "external-teacher OPD"),
+                    ("control_opd", "control-teacher OPD (student-size teacher, plain chains)")):
+    ext = arms.get(arm, {})
+    if "saving_at_target" in ext:
+      lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
+          what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point))
+    if "length_vs_reference" in ext:
+      d = ext["length_vs_reference"]
+      m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
+      ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
+      if not math.isnan(m):  # nan: a curve without lengths
+        lines.append(f"(c) {what} answers are {m:+.1f} tokens{ci} vs {ref}"
+                     + ("" if _side(d) or point else " (not distinguishable)")
+                     + _agree(d, _side(d) or 1))
+  best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
+          if "best_accuracy" in arms.get(n, {})]
+  if len(best) > 1:
+    lines.append("(c) best checkpoint (chosen on the stop set, measured on the report set): "
+                 + "; ".join(f"{n} {_acc(v)}" for n, v in best))
   rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
-        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target")))
+        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point))
   if not lines:
     return []
   n = len(report.get("seeds") or [])
+  if point:
+    return lines + ["Intervals: none: one seed and no bootstrap replicates (`smjax report "
+                    "WORKDIR --bootstrap=1000` draws them), so these are point estimates and no "
+                    "line says whether a difference is beyond noise."]
   if report.get("interval", "seeds" if n > 1 else "prompts") == "seeds":
     tail = f"{conf} t intervals over {n} seeds (training and evaluation noise)"
   else:
     tail = (f"{conf} intervals over held-out prompts: evaluation noise only; one seed cannot "
             "separate training noise")
   return lines + [f"Intervals: {tail}."]
+
+
+def _acc(v: dict) -> str:
+  """An accuracy summary as "x% [lo, hi]" (the interval left out when there is none)."""
+  m, lo, hi = (100 * stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  return f"{m:.1f}%" + ("" if math.isnan(lo) or math.isnan(hi) else f" [{lo:.1f}, {hi:.1f}]")
 
 
 def _flops(v: dict) -> str:

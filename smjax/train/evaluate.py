@@ -23,14 +23,17 @@ from smjax.rollout import Sampler
 
 class Evaluator:
   """`evaluator(params) -> (fields, program_calls)`; fields: {"accuracy", "greedy", "pass_at_k",
-  "length" (mean completion tokens of the samples): {domain: float}, "correct": {domain: [int
-  per prompt, 0..samples]}, "greedy_correct": {domain: [0/1 per prompt]}, "lengths": {domain:
-  [mean sample length per prompt]}, "samples": k}."""
+  "length" (mean completion tokens of the samples), "at_cap" (the share of samples that ran to
+  the sampler's token cap: truncated, unless its last token ended them): {domain: float},
+  "correct": {domain: [int per prompt, 0..samples]}, "greedy_correct": {domain: [0/1 per
+  prompt]}, "lengths": {domain: [mean sample length per prompt]}, "completions": {domain: the
+  first `show` prompts' first samples as [{"prompt", "completion", "reward"}]}, "samples": k}."""
 
   def __init__(self, sampler: Sampler, tokenizer, heldout: Mapping[str, Sequence],
                verify: Callable[[Sequence, Sequence[str]], Sequence[float]], *,
                batch_size: int = 64, samples: int = 4, temperature: float = 1.0,
-               greedy: bool = True, threshold: float = 1.0, phase: str = "eval/heldout"):
+               greedy: bool = True, threshold: float = 1.0, phase: str = "eval/heldout",
+               show: int = 2):
     if not heldout:
       raise ValueError("Evaluator: no held-out domains given")
     if samples < 1 or batch_size < 1:
@@ -41,11 +44,13 @@ class Evaluator:
       if not ex:
         raise ValueError(f"Evaluator: held-out set of domain {d!r} is empty")
     self.batch_size, self.samples, self.temperature = batch_size, samples, temperature
-    self.greedy, self.threshold, self.phase = greedy, threshold, phase
+    self.greedy, self.threshold, self.phase, self.show = greedy, threshold, phase, show
 
-  def _run(self, params, examples, *, k: int, greedy: bool, key, calls):
-    """Correct samples per example ([n] ints in 0..k) and its mean completion length ([n])."""
-    correct, lengths = [], []
+  def _run(self, params, examples, *, k: int, greedy: bool, key, calls, seen=None):
+    """Correct samples per example ([n] ints in 0..k) and its mean completion length ([n]);
+    `seen` (a dict), when given, gets "at_cap" (samples at the token cap) and "completions"
+    (the first `show` examples' first samples)."""
+    correct, lengths, at_cap = [], [], 0
     for start in range(0, len(examples), self.batch_size):
       chunk = examples[start:start + self.batch_size]
       prompts = [encode_prompt(self.tokenizer, e.prompt) for e in chunk]
@@ -60,17 +65,29 @@ class Evaluator:
       texts = decode_completions(self.tokenizer, res)[:n]
       rewards = np.asarray(self.verify([e for e in chunk for _ in range(k)], texts), np.float64)
       correct.extend((rewards >= self.threshold).reshape(len(chunk), k).sum(1).tolist())
-      lengths.extend(np.asarray(res.lengths_B)[:n].reshape(len(chunk), k).mean(1).tolist())
+      lens = np.asarray(res.lengths_B)[:n]
+      lengths.extend(lens.reshape(len(chunk), k).mean(1).tolist())
+      at_cap += int(np.sum(lens >= self.sampler.max_new_tokens))
+      if seen is not None and start == 0:
+        seen["completions"] = [{"prompt": e.prompt, "completion": texts[i * k],
+                                "reward": float(rewards[i * k])}
+                               for i, e in enumerate(chunk[:self.show])]
+    if seen is not None:
+      seen["at_cap"] = at_cap / (len(examples) * k)
     return [int(c) for c in correct], [round(float(x), 2) for x in lengths]
 
   def __call__(self, params):
-    fields = {"accuracy": {}, "greedy": {}, "pass_at_k": {}, "length": {}, "correct": {},
-              "greedy_correct": {}, "lengths": {}, "samples": self.samples}
+    fields = {"accuracy": {}, "greedy": {}, "pass_at_k": {}, "length": {}, "at_cap": {},
+              "correct": {}, "greedy_correct": {}, "lengths": {}, "completions": {},
+              "samples": self.samples}
     calls = []
     for i, (domain, examples) in enumerate(self.heldout.items()):
       key = jax.random.fold_in(jax.random.key(0), i)
+      seen: dict = {}
       correct, lengths = self._run(params, examples, k=self.samples, greedy=False, key=key,
-                                   calls=calls)
+                                   calls=calls, seen=seen)
+      fields["at_cap"][domain] = seen["at_cap"]
+      fields["completions"][domain] = seen["completions"]
       fields["accuracy"][domain] = float(np.mean(correct)) / self.samples
       fields["pass_at_k"][domain] = float(np.mean(np.asarray(correct) > 0))
       fields["length"][domain] = float(np.mean(lengths))

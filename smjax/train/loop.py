@@ -12,7 +12,7 @@ metrics.jsonl, with a progress bar. Metrics are fetched one step late, so the ho
 t+1 while the device runs step t. A non-finite step stops the run with a FloatingPointError naming
 the phase, the step and every guard that fired (`check_finite`).
 
-Legend (DESIGN.md §4): B rows, G samples per prompt, T target positions.
+Legend (docs/design.md#shape-legend): B rows, G samples per prompt, T target positions.
 """
 
 from __future__ import annotations
@@ -166,7 +166,14 @@ def opd_batch(ro: Rollout, *, router: TeacherRouter, layout: BatchLayout = Batch
   return batch, calls, {f"teacher_rows/{k}": v for k, v in rows_per.items()}
 
 
-def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
+def completions_text(shown: Sequence[dict]) -> str:
+  """Sample completions ({"prompt", "completion", "reward"}, smjax.train.evaluate) as markdown
+  for TensorBoard's text tab and metrics.jsonl."""
+  return "\n\n".join(f"`{s['prompt']}` → `{s['completion']}` (reward {s['reward']:g})"
+                     for s in shown)
+
+
+def rollout_metrics(ro: Rollout) -> dict[str, float]:
   """Per-domain reward and completion length, the share of completions that ran to the token cap
   (`length/at_cap`: truncated, unless the cap's last token ended them), the reward's spread and the
   share of groups whose rewards are all equal (no GRPO signal)."""
@@ -178,7 +185,7 @@ def rollout_metrics(ro: Rollout, samples_per_prompt: int) -> dict[str, float]:
     sel = domains == d
     out[f"reward/{d}"] = float(ro.rewards_B[sel].mean())
     out[f"length/{d}"] = float(lengths[sel].mean())
-  groups = ro.rewards_B.reshape(-1, samples_per_prompt)
+  groups = ro.rewards_B.reshape(-1, ro.result.num_samples)
   out["reward/mean"] = float(ro.rewards_B.mean())
   out["reward/std"] = float(ro.rewards_B.std())
   out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
@@ -308,7 +315,10 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     if writer is not None:
       writer.write(done, {f"heldout/{d}": a for d, a in acc.items()} |
                    {f"heldout_greedy/{d}": a for d, a in fields.get("greedy", {}).items()} |
-                   {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]})
+                   {f"heldout_at_cap/{d}": a for d, a in fields.get("at_cap", {}).items()} |
+                   {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]},
+                   texts={f"completions/{d}": completions_text(shown)
+                          for d, shown in fields.get("completions", {}).items()})
     return point
 
   def finish(i, metrics, host, seconds) -> dict:
@@ -358,7 +368,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     prog.ledger.add(calls, step=i)
     prog.ledger.add(steps_lib.step_program_calls(step, state, batch), step=i)
     state, metrics = step(state, batch)
-    host = rollout_metrics(ro, loop.samples_per_prompt) | host
+    host = rollout_metrics(ro) | host
     if pending is not None:
       last = finish(*pending)
     pending = (i, metrics, host, time.perf_counter() - t0)
