@@ -247,17 +247,14 @@ def test_changing_a_later_phase_reuses_the_phases_it_does_not_touch(study, cache
 def test_claim_d_degrades_by_noisy_sft_charges_it_to_no_arm_and_recovers(study, cache, tmp_path):
   """The self-teacher phases end to end on a copy of the mini study (its base, joint GRPO and
   external teacher reused): the degradation (noisy SFT on math) is under base/degrade, charged to
-  no arm; every recovery arm trains and is evaluated on math alone; and the degradation check
-  refuses a loss below self_teacher.min_loss naming the seed."""
+  no arm; every recovery arm trains and is evaluated on math alone."""
   wd = tmp_path / "study"
   shutil.copytree(study[0], wd)
   args = [a for a in MINI if not a.startswith("--config.phases")] + [
       "--config.phases=('base','joint','self_teacher')",   # the external teacher: reused
       "--config.self_teacher.degrade_steps=3", "--config.self_teacher.recover_steps=2",
       "--config.self_teacher.eval_refine=1"]
-  r = _main(args + ["--config.self_teacher.min_loss=1.0"], wd, cache, timeout=600)
-  assert r.returncode != 0 and "seed 0: 3 noisy SFT steps on math cost math only" in r.stderr, \
-      r.stderr[-2000:]
+  # (A loss below min_loss is refused naming the seed: test_study_rules, without a run.)
   r = _main(args + ["--config.self_teacher.min_loss=0.0"], wd, cache, timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
   degrade = phase_result(wd, "degrade")
