@@ -8,8 +8,8 @@ Argument `objective` = full_vocab | sampled | top_k; the default is the study's 
 does; `steps` is the cap. Each student sample is scored by the expert of its domain only, and
 distillation stops once the student has captured opd.capture_fraction of the experts' gain and
 its stop-set curve is flat (mopd.plateau_evals, mopd.plateau_tol), so its FLOPs are a measurement
-(docs/calibration.md). Runtime: the experts plus the distillation, minutes on a 2-core CPU. Expected result: the `split_merge` row of docs/study.md and claim (b)'s
-verdict.
+(docs/calibration.md). Runtime: the experts plus the distillation, minutes on a 2-core CPU.
+Expected result: the `split_merge` row of docs/study.md and claim (b)'s verdict.
 """
 
 from smjax.study.config import parse_arg, study_defaults

@@ -130,7 +130,8 @@ def study_defaults() -> mlc.ConfigDict:
   # (rules.Plateau: the last `plateau_evals` evaluations lifted no domain more than `plateau_tol`
   # above its best before them), so that every set of expert checkpoints is distilled as far as
   # it goes and the frontier is not censored by a distillation cut short while still rising. It
-  # has no run-on (run_on): a flat curve has already run on past every level it crossed.
+  # then runs on (run_on) like every arm: "flat" within plateau_tol is not the end of its rise
+  # (without the run-on, the demo's "every domain at 90 %" moved from 81 % to 112 % more FLOPs).
   c.mopd = mlc.ConfigDict(dict(steps=300, plateau_evals=3, plateau_tol=0.01))
 
   # The external teacher stands for someone else's post-trained model: a larger model SFT'd on

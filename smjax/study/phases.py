@@ -219,8 +219,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
              init_params, domains, steps: int, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
              eval_refine: int = 1, stop_at=None, prompts_per_step: int | None = None,
-             snapshot_at: dict | None = None, max_new_tokens: int | None = None,
-             run_on: tuple[int, float] | None = None) -> PhaseOutput:
+             snapshot_at: dict | None = None, max_new_tokens: int | None = None) -> PhaseOutput:
   """One run of `algo` (`grpo(shared)`, or `opd(shared)` scored by `router`) from `init_params`,
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
   FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
@@ -231,8 +230,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
   says whether it met `stop_at` (`reached`), at which curve point (`stop_point`), and where each
   snapshot was taken (`snapshots`: {label: {"step", "flops"}}). `max_new_tokens`: the student's
   token cap in this phase's rollouts and evaluations (default: rl.max_new_tokens, the study's),
-  its sampler's context raised by as many tokens as the cap. `run_on`: (evaluations, FLOPs
-  fraction) past the stop (default: config.run_on's)."""
+  its sampler's context raised by as many tokens as the cap."""
   c = shared.config
   reads = read_fields(spec)
 
@@ -300,7 +298,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
                       verify=shared.verify, evaluator=evaluator, writer=writer,
                       progress=progress, flops_offset=flops_offset, fix_eval_every=fix,
                       save=save, should_stop=guard.should_stop, stop_at=stop_at,
-                      run_on=run_on or (int(c.run_on.evals), float(c.run_on.flops_fraction)),
+                      run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
                       on_eval=on_eval if snapshot_at else None,
                       collapse_advice=f"config.{algo.section}.learning_rate="
                       f"{rl.learning_rate} too high for this model (rerun with a lower one into "

@@ -176,10 +176,10 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   (base_d plus that share of the reference's gain on d); figures "joint" (the reference's first
   passage), "split" (the cheapest split-then-merge set's first passage: experts' FLOPs at its
   checkpoints plus distillation; a set whose distillation met its stop rule, its curve flat,
-  below the level is no candidate, one cut at its cap is, censored), "saving" (1 - split / joint), "distillation_share" (that set's
-  distillation FLOPs over its experts'), "joint_bracket" / "split_bracket" (the evaluation
-  interval each passage was interpolated in, as a share of its FLOPs), "set" (which set, as its
-  index in `split_sets`)."""
+  below the level is no candidate, one cut at its cap is, censored), "saving" (1 - split /
+  joint), "distillation_share" (that set's distillation FLOPs over its experts'),
+  "joint_bracket" / "split_bracket" (the evaluation interval each passage was interpolated in, as
+  a share of its FLOPs), "set" (which set, as its index in `split_sets`)."""
   acc = {n: stats.curve_values(a.curve, idx) for n, a in arms.items()}
   greedy = {n: stats.curve_values(a.curve, idx, source="greedy") for n, a in arms.items()}
   length = {n: stats.curve_values(a.curve, idx, source="length") for n, a in arms.items()}

@@ -184,9 +184,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                   stop_at=rules.all_rules(
                       rules.capture_rule(_stop_final(base), teacher_acc, o.capture_fraction),
                       rules.Plateau(int(config.mopd.plateau_evals),
-                                    float(config.mopd.plateau_tol))),
-                  # A flat curve has already run on past every level it crossed: no run-on.
-                  run_on=(0, 0.0))
+                                    float(config.mopd.plateau_tol))))
         by_phase: dict[str, float] = {}
         for part in [m["flops_by_phase"] for m in members.values()] + [train(mopd)]:
           for p, v in part.items():
