@@ -25,7 +25,7 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
                       "report.confidence", "report.levels", "band", "self_teacher.min_loss",
                       "self_teacher.recover_target_fraction", "collapse_window", "seeds",
-                      "phases")
+                      "phases", "wandb")
 
 
 def study_defaults() -> mlc.ConfigDict:
@@ -49,8 +49,15 @@ def study_defaults() -> mlc.ConfigDict:
   # `evals` more evaluations and `flops_fraction` more of its own training FLOPs, so that no
   # reported curve ends at its crossing (a level a prompt resample moves up is still reached).
   c.run_on = mlc.ConfigDict(dict(evals=3, flops_fraction=0.25))
+  # A progress bar per phase where stderr is a terminal; without one (progress=False, or a log
+  # file) a plain metric line on stdout every `log_every` steps and one per evaluation
+  # (smjax.train.metrics.MetricLines). `log_every` is also the steps between metrics.jsonl rows.
   c.progress = True
   c.log_every = 25
+  # Weights & Biases (the optional `wandb` extra): every phase's metrics.jsonl rows (scalars and
+  # sample completions) also go to a wandb run of its own in `project` ("": off), `group`
+  # defaulting to the study workdir's name. WANDB_MODE=offline logs without the network.
+  c.wandb = mlc.ConfigDict(dict(project="", entity="", group=""))
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
   # An RL/OPD phase stops with a CollapseError when, for this many steps in a row, no sample
   # scores and the gradient is 0, or the policy's entropy sits at ln V; or when its held-out

@@ -36,7 +36,7 @@ from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.loop import (Reference, RLLoopConfig, RLProgress, grpo_batch, opd_batch, run_rl,
                               run_sft)
-from smjax.train.metrics import MetricsWriter
+from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, wandb_run_id
 from smjax.train.teachers import TeacherRouter
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
                               state_shardings=state_shardings(shared.mesh, tx, shared.model_cfg))
     state = shared.new_state(shared.initial_params(), tx)
     ledger = FlopLedger()
-    with _writer(workdir, BASE.name) as writer:
+    with _writer(c, workdir, BASE.name) as writer:
       if b.steps:
         mix = flaw_mixture(shared.domains, correct_fractions(c)) if chain else None
         state, ledger = _sft(shared, workdir, BASE, phase="base/sft", state=state, step=step,
@@ -125,6 +125,7 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
                                    phase="eval/band")(state.params)
       ledger.add(calls)
       writer.write(b.steps, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
+      _eval_line(c, BASE.name, b.steps, fields, ledger)
     extra = {"band": {"samples": BAND_SAMPLES, "accuracy": band["accuracy"],
                       "pass_at_k": band["pass_at_k"]}}
     return PhaseOutput(state.params, ledger, [_point(b.steps, fields)], extra)
@@ -153,7 +154,8 @@ def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state
   with mgr, ckpt_lib.PreemptionGuard() as guard:
     state, _ = run_sft(phase=phase, state=state, step=step, examples_iter=stream,
                        tokenizer=shared.tokenizer, seq_len=seq_len, num_steps=num_steps,
-                       ledger=ledger, writer=writer, progress=c.progress, start_step=start,
+                       ledger=ledger, writer=writer, log_every=c.log_every,
+                       progress=c.progress, start_step=start,
                        save=save, checkpoint_every=c.checkpoint_every,
                        should_stop=guard.should_stop)
     stopped = guard.should_stop()
@@ -174,8 +176,27 @@ def train_flops(ledger: FlopLedger) -> dict[str, float]:
           if p.partition("/")[0] in ("rollout", "train")}
 
 
-def _writer(workdir: str, phase: str) -> MetricsWriter:
-  return MetricsWriter(paths.join(workdir, phase, "logs"))
+def _writer(config, workdir: str, phase: str) -> MetricsWriter:
+  """The phase's metrics.jsonl and TensorBoard events under `<phase>/logs`, and with
+  config.wandb.project set a Weights & Biases run of its own: named `<seed dir>/<phase>`, in the
+  group config.wandb.group (default: the study workdir's name), with an id stable across reruns
+  of the phase (a resumed phase logs into its run)."""
+  w = config.get("wandb")
+  wandb = None
+  if w is not None and w.project:
+    parts = workdir.rstrip("/").split("/")
+    study = parts[-2] if len(parts) > 1 else parts[-1]
+    wandb = dict(project=w.project, entity=w.entity, group=w.group or study,
+                 name=f"{parts[-1]}/{phase}", run_id=wandb_run_id(workdir, phase),
+                 config=config.to_dict())
+  return MetricsWriter(paths.join(workdir, phase, "logs"), wandb=wandb)
+
+
+def _eval_line(config, phase: str, step: int, fields: dict, ledger: FlopLedger) -> None:
+  """An SFT phase's final evaluation as a MetricLines line (run without a progress bar), its
+  FLOPs the phase's own (base/*)."""
+  MetricLines(phase, step, 1, on=not progress_bar_shown(config.progress)).evaluation(
+      step, fields, flops=ledger.namespace_total("base"))
 
 
 # -------------------------------------------------------------------------- GRPO and OPD runs
@@ -289,7 +310,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
       fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops) / eval_refine
     # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
     # step) waits for its pending async save before it propagates, so no save is left running.
-    with mgr, ckpt_lib.PreemptionGuard() as guard, _writer(workdir, phase) as writer:
+    with mgr, ckpt_lib.PreemptionGuard() as guard, _writer(c, workdir, phase) as writer:
       if restored is not None:   # training rows are logged by step index, evaluations by steps done
         at = restored.step
         writer.keep_only(lambda r: r["step"] < at or (r["step"] == at and "loss" not in r))
@@ -364,7 +385,7 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
     state = shared.new_state(
         shared.random_params(jax.random.key(shared.seed + init_offset), cfg), tx, cfg)
     stream = shared.prompts(c.domains, b.batch_size, stream_seed, transform=transform)
-    with _writer(workdir, spec.name) as writer:
+    with _writer(c, workdir, spec.name) as writer:
       state, ledger = _sft(shared, workdir, spec, phase=f"base/{spec.name}", state=state,
                            step=step, stream=stream, seq_len=e.teacher_seq_len,
                            num_steps=e.teacher_sft_steps, writer=writer)
@@ -377,6 +398,7 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
     evaluator = shared.evaluator_for(sampler=sampler, phase=f"eval/{spec.name}")
     fields, calls = evaluator(state.params)
     ledger.add(calls)
+    _eval_line(c, spec.name, e.teacher_sft_steps, fields, ledger)
     return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)], extra)
   return store.run_phase(workdir, c, spec.name, read_fields(spec), shared.abstract_params(cfg),
                          fn)
@@ -423,7 +445,7 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> P
     state = shared.new_state(jax.tree.map(jnp.copy, joint.params), tx)
     mix = flaw_mixture(shared.domains, {d: float(st.degrade_correct_fraction) if d == rec else 1.0
                                         for d in c.domains})
-    with _writer(workdir, DEGRADE.name) as writer:
+    with _writer(c, workdir, DEGRADE.name) as writer:
       state, ledger = _sft(shared, workdir, DEGRADE, phase="base/degrade", state=state,
                            step=step, stream=shared.prompts(c.domains, b.batch_size, 50, mix),
                            seq_len=b.seq_len, num_steps=int(st.degrade_steps), writer=writer)
@@ -431,6 +453,7 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> P
       ledger.add(calls)
       writer.write(int(st.degrade_steps),
                    {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
+      _eval_line(c, DEGRADE.name, int(st.degrade_steps), fields, ledger)
     return PhaseOutput(state.params, ledger, [_point(int(st.degrade_steps), fields)], {})
   return store.run_phase(workdir, c, DEGRADE.name, read_fields(DEGRADE), shared.abstract_params(),
                          fn)

@@ -44,6 +44,7 @@ from smjax.study import rules
 from smjax.study.report import ArmResult, build_report
 from smjax.study.shared import SeedShared, seed_shared
 from smjax.study.store import PhaseOutput
+from smjax.train.metrics import require_wandb
 from smjax.train.teachers import Teacher
 
 log = logging.getLogger(__name__)
@@ -377,8 +378,11 @@ def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
   (`validate`), the model files, the data and every held-out prompt's length (building the first
   seed's shared record, smjax.study.shared), and a workdir that holds no other study (its
   config.json may differ only in fields no finished base could have used). Then config.json is
-  written, atomically, by process 0. Returns the first seed's shared record."""
+  written, atomically, by process 0. Returns the first seed's shared record. With
+  config.wandb.project set, wandb must be installed (MissingExtraError naming the extra)."""
   validate(config)
+  if config.wandb.project:
+    require_wandb()
   path = paths.join(workdir, "config.json")
   if paths.exists(path):
     old = read_json(path, "delete the workdir or use a fresh --workdir")

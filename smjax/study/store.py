@@ -26,6 +26,7 @@ from smjax import checkpoint as ckpt_lib
 from smjax import distributed, paths
 from smjax.checkpoint_meta import flat_fields, read_json
 from smjax.ledger import FlopLedger
+from smjax.train.metrics import progress_bar_shown
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +152,14 @@ def _flops(out: PhaseOutput) -> str:
 
 
 def _say(config: mlc.ConfigDict, line: str) -> None:
-  """A phase line on the terminal beside the progress bars (config.progress), else to the log."""
-  if config.progress:
+  """A phase line on the terminal beside the progress bars (config.progress, stderr a terminal);
+  without a bar on stdout among the metric lines (smjax.train.metrics.MetricLines), and in the
+  log."""
+  if progress_bar_shown(config.progress):
     tqdm.write(line)
   else:
     log.info("%s", line)
+    print(line, flush=True)
 
 
 def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,

@@ -8,7 +8,9 @@ only algorithm-specific pieces; `run_rl` takes one of them as `make_batch`.
 Every program that ran is added to the run's FLOP ledger; held-out evaluation runs every
 `eval_every_steps` steps and whenever the cumulative training FLOPs cross a multiple of
 `eval_every_flops`, giving the accuracy-vs-FLOPs curve. Metrics go to TensorBoard and
-metrics.jsonl, with a progress bar. Metrics are fetched one step late, so the host prepares step
+metrics.jsonl, with a progress bar on a terminal, or without one (progress=False, or stderr not a
+terminal) as plain lines on stdout every `log_every` steps and after each evaluation
+(smjax.train.metrics.MetricLines). Metrics are fetched one step late, so the host prepares step
 t+1 while the device runs step t. A non-finite step stops the run with a FloatingPointError naming
 the phase, the step and every guard that fired (`check_finite`).
 
@@ -34,7 +36,7 @@ from smjax.models.transformer import ModelConfig, Transformer
 from smjax.rollout import RolloutResult, Sampler
 from smjax.train import steps as steps_lib
 from smjax.train.guards import Collapse, check_finite
-from smjax.train.metrics import MetricsWriter
+from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, sci
 from smjax.train.score import target_logprobs
 from smjax.train.teachers import TeacherRouter
 
@@ -59,26 +61,38 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
   start_step: the step a resumed run continues from (its state, stream and ledger restored).
   save: `(steps done, state)`, every `checkpoint_every` steps, at the end and on a stop.
   should_stop: polled after every step (e.g. a SIGTERM flag): a stop saves and returns early
-  (the caller asks should_stop again to tell)."""
+  (the caller asks should_stop again to tell).
+  progress: a progress bar where stderr is a terminal; else a MetricLines line on stdout every
+  `log_every` steps (tokens/s: the batch's positions over the steps' wall time)."""
   pending, curve = None, []
-  bar = tqdm(range(start_step, num_steps), desc=phase, disable=not progress, dynamic_ncols=True)
+  bar_on = progress_bar_shown(progress)
+  lines = MetricLines(phase, num_steps, log_every, on=not bar_on)
+  flops = lambda: ledger.namespace_total(phase.partition("/")[0])  # noqa: E731
+
+  def finish(i, metrics, tokens, seconds, done_flops, last=False):
+    m = to_host(metrics)
+    check_finite(phase, i, m)
+    if writer is not None and i % log_every == 0:
+      writer.write(i, m, flops=done_flops)
+    bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m.get('token_accuracy', 0):.2f}")
+    lines.step(i + 1, m, flops=done_flops, tokens=tokens, seconds=seconds, last=last)
+
+  bar = tqdm(range(start_step, num_steps), desc=phase, disable=not bar_on, dynamic_ncols=True)
   for i in bar:
+    t0 = time.perf_counter()
     examples = next(examples_iter)
     batch = sft_batch(tokenizer, [e.prompt for e in examples], [e.solution for e in examples],
                       seq_len=seq_len)
     ledger.add(steps_lib.step_program_calls(step, state, batch, phase=phase), step=i)
     state, metrics = step(state, batch)
     if pending is not None:
-      m = to_host(pending[1])
-      check_finite(phase, pending[0], m)
-      if writer is not None and pending[0] % log_every == 0:
-        writer.write(pending[0], m, flops=ledger.namespace_total(phase.partition("/")[0]))
-      bar.set_postfix(loss=f"{m['loss']:.3f}", acc=f"{m.get('token_accuracy', 0):.2f}")
-    pending = (i, metrics)
+      finish(*pending)   # waits for the previous step: this iteration's time is a step's
+    pending = (i, metrics, batch.tokens_BS.size, time.perf_counter() - t0, flops())
     if evaluate is not None and eval_every and (i + 1) % eval_every == 0:
       fields, calls = evaluate(state.params)
       ledger.add(calls, step=i)
       curve.append({"step": i + 1, "accuracy": fields["accuracy"]})
+      lines.evaluation(i + 1, fields, flops=flops())
     stopped = should_stop is not None and should_stop()
     if save is not None and (stopped or i + 1 == num_steps or
                              (checkpoint_every and (i + 1) % checkpoint_every == 0)):
@@ -86,7 +100,7 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
     if stopped:
       break
   if pending is not None:
-    check_finite(phase, pending[0], to_host(pending[1]))
+    finish(*pending, last=True)
   bar.close()
   return state, curve
 
@@ -176,7 +190,7 @@ def completions_text(shown: Sequence[dict]) -> str:
 def rollout_metrics(ro: Rollout) -> dict[str, float]:
   """Per-domain reward and completion length, the share of completions that ran to the token cap
   (`length/at_cap`: truncated, unless the cap's last token ended them), the reward's spread and the
-  share of groups whose rewards are all equal (no GRPO signal)."""
+  share of groups whose rewards are all equal (no GRPO signal); the completion tokens sampled."""
   out = {}
   lengths = np.asarray(ro.result.lengths_B)
   cap = getattr(getattr(ro.result, "completion_BC", None), "shape", (0, 0))[-1]
@@ -186,6 +200,7 @@ def rollout_metrics(ro: Rollout) -> dict[str, float]:
     out[f"reward/{d}"] = float(ro.rewards_B[sel].mean())
     out[f"length/{d}"] = float(lengths[sel].mean())
   groups = ro.rewards_B.reshape(-1, ro.result.num_samples)
+  out["tokens/sampled"] = float(lengths.sum())   # MetricLines' tokens/s
   out["reward/mean"] = float(ro.rewards_B.mean())
   out["reward/std"] = float(ro.rewards_B.std())
   out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
@@ -292,6 +307,9 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     and the ledger's totals then, the first time the policy crosses a mark).
   collapse_advice: what the collapse check (`Collapse`, `loop.collapse_window`) names as the
     likely cause when it stops the run with a CollapseError.
+  Without a progress bar (`loop.progress` off, or stderr not a terminal) it prints a MetricLines
+  line every `loop.log_every` steps (tokens/s: completion tokens sampled over the steps' wall
+  time, rollout and update) and one per evaluation.
   """
   prog = progress if progress is not None else RLProgress()
   every = loop.eval_every_flops
@@ -303,6 +321,9 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
   collapse = Collapse(name, loop.collapse_window, vocab, collapse_advice)
   for p in prog.curve:
     collapse.best = max(collapse.best, p["mean"])
+  bar_on = progress_bar_shown(loop.progress)
+  lines = MetricLines(name, loop.steps, loop.log_every, on=not bar_on,
+                      last_point=prog.curve[-1] if prog.curve else None)
 
   def evaluate(state, done: int) -> dict:
     fields, calls = evaluator(state.params)
@@ -319,19 +340,21 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
                    {"heldout/mean": point["mean"], "flops/cumulative": point["flops"]},
                    texts={f"completions/{d}": completions_text(shown)
                           for d, shown in fields.get("completions", {}).items()})
+    lines.evaluation(done, point, flops=point["flops"])
     return point
 
-  def finish(i, metrics, host, seconds) -> dict:
+  def finish(i, metrics, host, seconds, last=False) -> dict:
     m = to_host(metrics)
     check_finite(name, i, m)
     m |= host
     m["time/step_s"] = seconds
-    m["flops/training"] = training()
     collapse.step(i, m)
     if writer is not None and (i % loop.log_every == 0 or i == loop.steps - 1):
       writer.write(i, m)
     bar.set_postfix(reward=f"{m['reward/mean']:.2f}", loss=f"{m['loss']:.3f}",
-                    step_s=f"{seconds:.2f}", refresh=False)
+                    step_s=f"{seconds:.2f}", flops=sci(m["flops/training"]), refresh=False)
+    lines.step(i + 1, m, flops=m["flops/training"], tokens=m.get("tokens/sampled", 0.0),
+               seconds=seconds, last=last)
     return m
 
   def stop_index():
@@ -355,7 +378,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
   if ran_on(at):
     return RunResult(state, prog.ledger, prog.curve, {}, False, True, at)
   pending, last, stopped, finished = None, {}, False, False
-  bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not loop.progress,
+  bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not bar_on,
              dynamic_ncols=True, initial=prog.step, total=loop.steps)
   for i in bar:
     t0 = time.perf_counter()
@@ -369,6 +392,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     prog.ledger.add(steps_lib.step_program_calls(step, state, batch), step=i)
     state, metrics = step(state, batch)
     host = rollout_metrics(ro) | host
+    host["flops/training"] = training()   # up to this step's update
     if pending is not None:
       last = finish(*pending)
     pending = (i, metrics, host, time.perf_counter() - t0)
@@ -394,6 +418,6 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     if stopped or finished:
       break
   if pending is not None:
-    last = finish(*pending)
+    last = finish(*pending, last=True)
   bar.close()
   return RunResult(state, prog.ledger, prog.curve, last, stopped, at is not None, at)
