@@ -2,10 +2,13 @@
 `python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
 
 Also installed as the `smjax` console script (= `python -m smjax`): `smjax study --config=...
---workdir=...` (the same run) and `smjax report WORKDIR` (re-render a study's report,
-smjax.study.report_cli); `--help` prints the usage and `--version` the version, exit 0. It restarts
-itself once with tcmalloc preloaded where that is installed (smjax.cpu_malloc). Everything it does
-is library code in smjax.study; this file parses flags, sets up logging and reports errors.
+--workdir=...` (the same run), `smjax report WORKDIR` (re-render a study's report,
+smjax.study.report_cli), `smjax export WORKDIR --phase ARM --out DIR` (an arm's model as a Hugging
+Face directory, smjax.study.export) and `smjax eval MODEL_DIR --data FILE` (score such a directory
+on a data file, smjax.model_eval); `--help` prints the usage and `--version` the version, exit 0,
+for each command too. It restarts itself once with tcmalloc preloaded where that is installed
+(smjax.cpu_malloc). Everything it does is library code in smjax.study, smjax.model_eval; this file
+parses flags, sets up logging and reports errors.
 Overrides use ml_collections' syntax, e.g. `--config.joint.steps=400`.
 
 Quiet by default: the terminal gets progress bars, warnings, the phase lines and the final table;
@@ -20,7 +23,9 @@ happens only here.
 
 from __future__ import annotations
 
+import argparse
 import errno
+import importlib.util
 import logging
 import os
 import re
@@ -44,6 +49,11 @@ commands:
           run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
   report  WORKDIR [--out=DIR] [--bootstrap=N]
           re-render a study's table, CSV, JSON and plot from its finished phases
+  export  WORKDIR --phase ARM --out DIR [--seed N]
+          write an arm's final model (e.g. split_merge, joint_grpo, expert_math) as a Hugging
+          Face directory: config.json, model.safetensors, tokenizer files
+  eval    MODEL_DIR --data FILE [--domain NAME] [--samples K] [--max-new-tokens N] [--json FILE]
+          score a Hugging Face model directory on math or code records, with a 95% interval
   --version
           print smjax's version
 """
@@ -79,6 +89,23 @@ def usage_error(msg: str) -> None:
   """A command line that cannot run: one line on stderr, exit 2."""
   print(f"smjax: error: {msg}", file=sys.stderr)
   sys.exit(2)
+
+
+class OneLineParser(argparse.ArgumentParser):
+  """argparse for the subcommands (`smjax export`, `smjax eval`): a bad or missing argument is
+  one line, "smjax: error: ...; see `<prog> --help`", exit 2 (argparse's own error prints the
+  usage too)."""
+
+  def error(self, message):
+    usage_error(f"{message}; see `{self.prog} --help`")
+
+
+def tensorboard_hint(logdir: str) -> str:
+  """The closing line that says how to view the run's TensorBoard files: the viewer is not a
+  dependency (tensorboardX writes the files), so where it is not installed, how to get it."""
+  if importlib.util.find_spec("tensorboard") is not None:
+    return f"TensorBoard: tensorboard --logdir {logdir}"
+  return f"TensorBoard: pip install 'smjax[tensorboard]', then tensorboard --logdir {logdir}"
 
 
 def _env_on(name: str) -> bool:
@@ -299,7 +326,7 @@ def main(argv):
   print(f"report: {report['paths']['json']}")
   print(f"plot:   {report['paths']['plot']}")
   print(f"log:    {log_path}")
-  print(f"TensorBoard: tensorboard --logdir {_WORKDIR.value}")
+  print(tensorboard_hint(_WORKDIR.value))
 
 
 def _fail(e: BaseException, debug: bool) -> None:
@@ -346,8 +373,28 @@ def run(argv: list[str] | None = None):
     _fail(e, debug)
 
 
+def _subcommand(name: str, module: str, argv: list[str]) -> None:
+  """`smjax export` / `smjax eval`: `module`'s main(argv), its user errors one line (exit 2)."""
+  logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
+  if "--version" in argv and not any(a in _HELP for a in argv):
+    print(f"smjax {version()}")
+    sys.exit(0)
+  try:
+    main_fn = importlib.import_module(module).main
+  except ImportError:
+    print(f"smjax: error: `smjax {name}` is not available in this install (no {module})",
+          file=sys.stderr)
+    sys.exit(2)
+  debug = _env_on("SMJAX_DEBUG") or "--debug" in argv
+  try:
+    sys.exit(main_fn([a for a in argv if a != "--debug"]))
+  except Exception as e:  # pylint: disable=broad-except
+    _fail(e, debug)
+
+
 def cli():
-  """The `smjax` console script: `smjax study ...` or `smjax report WORKDIR ...`."""
+  """The `smjax` console script: `smjax study ...`, `smjax report WORKDIR ...`, `smjax export
+  WORKDIR ...` or `smjax eval MODEL_DIR ...`."""
   args = sys.argv[1:]
   if not args or args[0] in ("-h", "--help", "help"):
     print(USAGE, end="", file=sys.stdout if args else sys.stderr)
@@ -368,10 +415,15 @@ def cli():
       sys.exit(report_cli.main(args[1:]))
     except Exception as e:  # pylint: disable=broad-except
       _fail(e, _env_on("SMJAX_DEBUG"))
+  elif args[0] == "export":
+    _subcommand("export", "smjax.study.export", args[1:])
+  elif args[0] == "eval":
+    _subcommand("eval", "smjax.model_eval", args[1:])
   elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
     run()
   else:
-    print(f"smjax: error: unknown command {args[0]!r}; expected study or report\n\n{USAGE}",
+    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, export or eval"
+          f"\n\n{USAGE}",
           end="", file=sys.stderr)
     sys.exit(2)
 

@@ -233,13 +233,16 @@ def load_params(path: str, cfg: ModelConfig | None = None, *, put: Callable | No
 
 
 def save_params(path: str, cfg: ModelConfig, params, *, architecture: str,
-                max_shard_bytes: int = 4 << 30, dtype: str | None = None) -> None:
-  """Writes `params` as an HF directory (config.json + safetensors, sharded past max_shard_bytes)."""
+                max_shard_bytes: int = 4 << 30, dtype: str | None = None,
+                extra_config: dict | None = None) -> None:
+  """Writes `params` as an HF directory (config.json + safetensors, sharded past max_shard_bytes).
+  `extra_config`: more config.json fields (e.g. the token ids `generate` reads), added last."""
   os.makedirs(path, exist_ok=True)
   out_dtype = np.dtype({"float32": np.float32, "bfloat16": ml_dtypes.bfloat16,
                         "float16": np.float16}[dtype or cfg.param_dtype])
   hf_cfg = config_to_hf(cfg, architecture)
   hf_cfg["torch_dtype"] = dtype or cfg.param_dtype
+  hf_cfg.update(extra_config or {})
   shards: list[dict[str, np.ndarray]] = [{}]
   size = 0
   for hf_name, ours, _, to_hf, shape in _mapping(cfg):

@@ -1,11 +1,14 @@
 """Tokenizers with one interface: a char-level one for the toy domains and an HF `tokenizer.json` one.
 
 Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size`, `pad_id`, `bos_id`,
-`eos_id`, so rollouts, rewards and data pipelines never care which one they hold.
+`eos_id`, so rollouts, rewards and data pipelines never care which one they hold. An exported toy
+model carries the char tokenizer as Hugging Face files (`char_tokenizer_files`), and
+`load_tokenizer` reloads either kind from a model directory.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Protocol, Sequence
 
@@ -109,3 +112,55 @@ class HFTokenizer:
     if self.eos_id in ids:
       ids = ids[:ids.index(self.eos_id)]
     return self._tok.decode(ids, skip_special_tokens=True)
+
+
+# The field of tokenizer_config.json that marks an exported CharTokenizer (`char_tokenizer_files`):
+# smjax reloads such a directory with CharTokenizer itself (`load_tokenizer`).
+CHAR_MARK = "smjax_tokenizer"
+
+
+def char_tokenizer_files(model_max_length: int) -> dict[str, str]:
+  """CharTokenizer as a Hugging Face fast tokenizer: {file name: text} for tokenizer.json,
+  tokenizer_config.json and special_tokens_map.json, which `transformers.AutoTokenizer` loads.
+
+  A WordLevel model over the same ids (pad 0, bos 1, eos 2, then '\\n' and ASCII 32..126), split
+  into single characters and fused back on decode, with BOS prepended by the post-processor:
+  `AutoTokenizer(text).input_ids` are the ids the study fed the model (smjax.batch.encode_prompt).
+  Two differences, neither in what the study ever fed it: a character outside the table is an
+  error in both, but a different one; and the literal texts "<pad>", "<bos>", "<eos>" are
+  special tokens to `tokenizers` where CharTokenizer spells them out. Ids past the table (the
+  vocabulary is padded to 128) have no entry: `transformers` decodes them to nothing, CharTokenizer
+  to U+FFFD. smjax itself reloads the directory with CharTokenizer (tokenizer_config.json carries
+  CHAR_MARK), so it scores exactly as the study did.
+  """
+  # pylint: disable=import-outside-toplevel
+  from tokenizers import Regex, Tokenizer as _Tok, decoders, models, pre_tokenizers, processors
+  tok = CharTokenizer()
+  vocab = {name: i for i, name in enumerate(_SPECIALS)}   # the ids CharTokenizer gives them
+  vocab.update({ch: i + len(_SPECIALS) for i, ch in enumerate(_CHARS)})
+  hf = _Tok(models.WordLevel(vocab, unk_token="<unk>"))
+  hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+  hf.decoder = decoders.Fuse()   # WordLevel's default decoder would join the characters by spaces
+  hf.post_processor = processors.TemplateProcessing(
+      single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tok.bos_id)])
+  hf.add_special_tokens(list(_SPECIALS))
+  special = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}
+  config = {"tokenizer_class": "PreTrainedTokenizerFast", **special,
+            "model_max_length": int(model_max_length), "clean_up_tokenization_spaces": False,
+            "add_bos_token": True, "padding_side": "left", CHAR_MARK: "char"}
+  return {"tokenizer.json": hf.to_str(pretty=True),
+          "tokenizer_config.json": json.dumps(config, indent=1),
+          "special_tokens_map.json": json.dumps(special, indent=1)}
+
+
+def load_tokenizer(path: str) -> Tokenizer:
+  """The tokenizer of a Hugging Face model directory: CharTokenizer where its
+  tokenizer_config.json carries CHAR_MARK (an exported toy model), else HFTokenizer(path)."""
+  config_file = os.path.join(path, "tokenizer_config.json")
+  if os.path.exists(config_file):
+    from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+    config = read_json(config_file, "re-download it from the model's repository, or export the "
+                       "model again")
+    if config.get(CHAR_MARK) == "char":
+      return CharTokenizer()
+  return HFTokenizer(path)

@@ -149,6 +149,22 @@ def t_interval(values: Sequence[float], confidence: float) -> tuple[float, float
   return float(x.mean() - half), float(x.mean() + half)
 
 
+def wilson_interval(mean: float, n: int, confidence: float) -> tuple[float, float]:
+  """Wilson's score interval for a success rate `mean` over `n` prompts ((nan, nan) for n < 1).
+
+  Exact-coverage-minded for one sample per prompt (a binomial), and conservative for the mean of
+  several samples per prompt: a per-prompt rate in [0, 1] with mean p has variance at most
+  p (1 - p), the binomial's. Unlike a bootstrap or t interval it does not collapse to a point when
+  every prompt scored the same (0 of 5 right gives [0, 43 %]). `smjax eval` reports it."""
+  if n < 1 or math.isnan(mean):
+    return math.nan, math.nan
+  z = float(scipy.stats.norm.ppf((1 + confidence) / 2))
+  z2n = z * z / n
+  centre = (mean + z2n / 2) / (1 + z2n)
+  half = z / (1 + z2n) * math.sqrt(max(mean * (1 - mean), 0.0) / n + z2n / (4 * n))
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
               point: tuple[list[int], Draw], replicates: Sequence[tuple[list[int], Draw]],
               confidence: float) -> dict[str, dict]:
