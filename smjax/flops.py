@@ -21,7 +21,10 @@ A FLOP is what XLA's cost analysis of the compiled executable says it does, time
   kernel in interpret mode should set `ProgramCall(flops_override=...)` (their jnp-path count, or
   the rest of the program plus the kernel's CostEstimate flops) when their count matters.
 - **Cache.** Counting compiles the program once per (function, shape/dtype/sharding/static-value
-  signature); asking again in the hot loop compiles nothing.
+  signature); asking again in the hot loop compiles nothing. A program compiled only to be counted
+  (`ProgramCall(count_only=True)`: a loop body that runs inside its loop program, never alone)
+  is compiled on the CPU with LLVM's optimisation off (`COUNT_ONLY_CPU_OPTIONS`): the HLO passes,
+  and so the count, are the same; code generation, which nothing runs, costs less.
 - FLOPs are Python ints (XLA's counts are integral), so ledger sums are exact at any size.
 
 The analytic counts use the project's legend (docs/design.md#shape-legend) for the model's
@@ -38,6 +41,11 @@ import weakref
 from typing import Any, Callable
 
 import jax
+
+# XLA options for a program compiled only to be counted, on the CPU: LLVM's passes only (what code
+# comes out), not the HLO passes that cost analysis reads (tests/test_flops.py checks the count).
+COUNT_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0,
+                          "xla_llvm_disable_expensive_passes": True}
 
 # fn -> {signature: _Entry}; weak so a dropped jitted function frees its entries.
 _COST_CACHE: "weakref.WeakKeyDictionary[Callable, dict]" = weakref.WeakKeyDictionary()
@@ -128,11 +136,18 @@ def compiled_cost(jitted: Callable, *args, **kwargs) -> CompiledCost:
   `args`/`kwargs` may be arrays (their shardings are kept), `jax.ShapeDtypeStruct`s, or static
   values, passed as the real call would pass them. A callable without `.lower` is jitted first.
   """
-  jitted = _as_jitted(jitted)
+  return _compiled_cost(_as_jitted(jitted), args, kwargs, count_only=False)
+
+
+def _compiled_cost(jitted, args, kwargs, *, count_only: bool) -> CompiledCost:
   per_fn = _COST_CACHE.setdefault(jitted, {})
   sig = _signature(args, kwargs)
   if sig not in per_fn:
-    flops, per_device, devices = executable_flops(_lower(jitted, args, kwargs).compile())
+    lowered = _lower(jitted, args, kwargs)
+    cpu = all(d.platform == "cpu" for d in jax.devices())
+    compiled = (lowered.compile(compiler_options=dict(COUNT_ONLY_CPU_OPTIONS))
+                if count_only and cpu else lowered.compile())
+    flops, per_device, devices = executable_flops(compiled)
     name = getattr(jitted, "__name__", type(jitted).__name__)
     digest = hashlib.blake2b(repr(sig).encode(), digest_size=4).hexdigest()
     per_fn[sig] = CompiledCost(flops, per_device, devices, f"{name}#{digest}")
@@ -160,6 +175,8 @@ class ProgramCall:
   replaces the compiled per-call count (interpret-mode Pallas, or work XLA cannot see); `program`
   names the record in the ledger (default: function name and signature hash). Keep one jitted
   object per program: the FLOP cache is keyed by it, so a fresh `jax.jit(f)` compiles again.
+  `count_only`: `fn` never runs with these arguments (a loop body counted per iteration), so its
+  compile for the count may skip code-generation work (module docstring, "Cache").
   """
   phase: str
   fn: Callable
@@ -169,11 +186,15 @@ class ProgramCall:
   useful: float = 0.0
   flops_override: float | None = None
   program: str = ""
+  count_only: bool = False
+
+  def _cost(self) -> CompiledCost:
+    return _compiled_cost(_as_jitted(self.fn), self.args, self.kwargs, count_only=self.count_only)
 
   def flops_per_call(self) -> float:
     if self.flops_override is not None:
       return float(self.flops_override)
-    return compiled_flops(self.fn, *self.args, **self.kwargs)
+    return float(self._cost().flops)
 
   def flops(self) -> float:
     return self.flops_per_call() * self.calls
@@ -183,7 +204,7 @@ class ProgramCall:
       return self.program
     if self.flops_override is not None:
       return getattr(self.fn, "__name__", "program") + "#override"
-    return compiled_cost(self.fn, *self.args, **self.kwargs).program
+    return self._cost().program
 
 
 def shape_struct(x: Any):

@@ -293,7 +293,7 @@ class Sampler:
         grown = jax.eval_shape(functools.partial(grow_cache, cache_len=cache_len), state_struct)
         step_args = (step_params,) + jax.tree.map(shape_struct, (grown, sp))
         calls.append(ProgramCall("rollout/decode", decode_step_jit, step_args, dict(static),
-                                 calls=ran, useful=useful))
+                                 calls=ran, useful=useful, count_only=True))
     rep = lambda x: jnp.repeat(x, G, axis=0)
     return RolloutResult(
         prompt_BP=cut(rep(prompt_BP)), prompt_mask_BP=cut(rep(mask_BP)),

@@ -184,12 +184,19 @@ def test_packed_completions_take_the_same_steps_with_fewer_flops(study, cache, t
   training FLOPs are more."""
   wd, _ = study
   padded_wd = tmp_path / "padded"
-  # The base is reused (it reads no rl.* field); joint, the experts and MOPD run padded.
-  shutil.copytree(os.path.join(wd, "seed_0", "base"), padded_wd / "seed_0" / "base")
-  args = [a for a in MINI if not a.startswith("--config.phases")] + [
-      "--config.phases=('base','joint','experts','mopd')", "--config.rl.pack_completions=False",
-      "--config.opd.pack_completions=False"]
-  r = _main(args, padded_wd, cache, timeout=900)
+  # Each padded phase runs from the fixture's own inputs: joint GRPO from its base (which reads
+  # no rl.* field), MOPD from its base, joint GRPO and experts (which read no opd.* field), so
+  # that only the two phases compared run again.
+  for phase in ("base", "joint_grpo", "expert_math", "expert_code"):
+    shutil.copytree(os.path.join(wd, "seed_0", phase), padded_wd / "seed_0" / phase)
+  shutil.copy(os.path.join(wd, "seed_0", "eval_interval.json"), padded_wd / "seed_0")
+  args = [a for a in MINI if not a.startswith("--config.phases")]
+  r = _main(args + ["--config.phases=('base','joint','experts','mopd')",
+                    "--config.opd.pack_completions=False"], padded_wd, cache, timeout=900)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  shutil.rmtree(padded_wd / "seed_0" / "joint_grpo")   # then joint GRPO padded, from the base
+  r = _main(args + ["--config.phases=('base','joint')", "--config.rl.pack_completions=False"],
+            padded_wd, cache, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   for phase in ("joint_grpo", "mopd"):
     padded, packed = _log_rows(padded_wd, phase)[0], _log_rows(wd, phase)[0]
@@ -437,3 +444,4 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   assert "external.max_new_tokens" not in reads["mopd"] | reads["joint_grpo"]
   # A run-neutral field is never read.
   assert not any(f in r for r in reads.values() for f in RUN_NEUTRAL_FIELDS)
+

@@ -117,6 +117,25 @@ def test_decode_loop_of_10_steps_counts_10_step_programs():
   assert 0 < ledger.useful_by_phase()["rollout/decode"] < ledger.total()
 
 
+
+def test_a_count_only_program_counts_what_the_optimised_compile_counts():
+  """The sampler's decode step is compiled only to be counted (ProgramCall(count_only=True)),
+  with LLVM's optimisation off on the CPU: the same FLOPs as its compile with every optimisation
+  on (the options given explicitly: the suite's XLA_FLAGS turn them off for every compile)."""
+  from smjax.models.presets import get_preset  # pylint: disable=import-outside-toplevel
+  from smjax.rollout import Sampler  # pylint: disable=import-outside-toplevel
+  cfg = get_preset("toy-tiny")
+  sampler = Sampler(cfg, max_new_tokens=8, eos_id=None, pad_id=0)
+  res = sampler.generate(init_params(cfg, jax.random.key(0)), [[5, 6, 7, 8]] * 3,
+                         jax.random.key(1), num_samples=2)
+  decode = [c for c in res.program_calls if c.phase == "rollout/decode"]
+  assert len(decode) == 1 and decode[0].count_only
+  optimised = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
+  for c in decode:
+    lowered = flops_lib._lower(c.fn, c.args, c.kwargs)  # pylint: disable=protected-access
+    reference = flops_lib.executable_flops(lowered.compile(compiler_options=optimised))[0]
+    assert c.flops_per_call() == reference > 0
+
 def test_pallas_interpret_mode_counts_the_interpreter_not_the_cost_estimate():
   def kernel(x_ref, y_ref, o_ref):
     o_ref[...] = x_ref[...] * y_ref[...] + 1.0
