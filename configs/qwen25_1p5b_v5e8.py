@@ -5,7 +5,11 @@ r"""A real model: Qwen2.5-1.5B-class experts and MOPD on a TPU v5e-8, with local
 
 Arguments: `hf_path` (a local HF directory with config.json, safetensors and tokenizer.json),
 `math` ({question, answer} JSONL/Parquet, verified with math-verify) and `code` ({prompt, tests,
-entry_point}, verified in the sandbox). Nothing is downloaded: fetch the weights and data first.
+entry_point}, verified in the sandbox). Nothing is downloaded: fetch the weights and data first
+(`hf download Qwen/Qwen2.5-1.5B-Instruct --local-dir /data/Qwen2.5-1.5B-Instruct`; GSM8K, MATH,
+MBPP and HumanEval files as published, or `python -m smjax.prepare` for the study's JSONL with a
+train/test split). Every prompt goes through the model's chat template (its tokenizer_config.json;
+`--config.model.chat_template=none` feeds raw text).
 Mesh: fsdp=8 over the 8 chips (params and Adam moments sharded; rows over data x fsdp), bf16
 compute. Check memory before paying for the slice:
   python -m smjax.precheck --preset qwen2.5-1.5b --mesh fsdp=8 --batch 64 --seq 1024 --topology v5e-8

@@ -1,7 +1,9 @@
 """smjax: compute-efficient LLM post-training in JAX.
 
 GRPO experts per domain, multi-teacher on-policy distillation (MOPD) into one student, and a FLOP
-ledger that counts every training FLOP of each route. See README.md for the map of the package.
+ledger that counts every training FLOP of each route. See README.md for the map of the package;
+`smjax.grpo` and `smjax.distill` (smjax.api) run GRPO with your own reward, and distillation, in
+a few lines.
 
 Shapes are in the names of arrays (`logits_BTV`, `mask_BT`), with one letter legend for the whole
 project (docs/design.md#shape-legend); no module gives a letter another meaning, and anything else
@@ -22,3 +24,18 @@ from smjax import cpu_malloc as _cpu_malloc
 __version__ = "0.1.0"
 
 _cpu_malloc.tune()
+
+# The short API (smjax.api): `smjax.grpo(...)`, `smjax.distill(...)`. Imported on first use, so
+# that `import smjax` stays light (no jax until a run is asked for).
+_API = ("grpo", "distill", "grpo_settings", "distill_settings", "Model", "Result")
+
+
+def __getattr__(name: str):
+  if name in _API:
+    from smjax import api  # pylint: disable=import-outside-toplevel
+    return getattr(api, name)
+  raise AttributeError(f"module 'smjax' has no attribute {name!r}")
+
+
+def __dir__():
+  return sorted(list(globals()) + list(_API))

@@ -248,9 +248,18 @@ def pack(batch: SequenceBatch, *, micro_batches: int = 1, bucket: int | None = N
 
 # ------------------------------------------------------------------------------- builders
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
-  """Prompt ids, with BOS first when the tokenizer has one."""
-  ids = tokenizer.encode(text)
+def encode_prompt(tokenizer, prompt) -> list[int]:
+  """Prompt ids of `prompt`, a text or an Example. With the tokenizer's chat template (an
+  instruct model's, smjax.models.chat): the prompt as chat messages (`prompt_messages`: the
+  Example's user message, and its system message where its domain gives one), rendered with the
+  assistant's turn opened and encoded without added special tokens, as transformers'
+  `apply_chat_template` does. Without one (the char tokenizer, config.model.chat_template="none"):
+  BOS first when the tokenizer has one, then the prompt text."""
+  template = getattr(tokenizer, "chat_template", None)
+  if template is not None:
+    from smjax.models.chat import prompt_messages  # pylint: disable=import-outside-toplevel
+    return tokenizer.encode(template.render(prompt_messages(prompt)))
+  ids = tokenizer.encode(prompt if isinstance(prompt, str) else prompt.prompt)
   return ([tokenizer.bos_id] if tokenizer.bos_id is not None else []) + ids
 
 
@@ -262,10 +271,11 @@ def decode_completions(tokenizer, result: RolloutResult) -> list[str]:
           for row, mrow in zip(toks, mask)]
 
 
-def sft_batch(tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
+def sft_batch(tokenizer, prompts: Sequence, targets: Sequence[str], *,
               seq_len: int) -> SequenceBatch:
-  """Left-padded `prompt + target + EOS` rows; the loss covers target and EOS tokens only. Every
-  target column is scored (prompts differ in length: Layout())."""
+  """Left-padded `prompt + target + EOS` rows (prompts: texts or Examples, `encode_prompt`); the
+  loss covers target and EOS tokens only. Every target column is scored (prompts differ in
+  length: Layout())."""
   if len(prompts) != len(targets):
     raise ValueError(f"sft_batch: {len(prompts)} prompts but {len(targets)} targets")
   B = len(prompts)
@@ -277,7 +287,8 @@ def sft_batch(tokenizer, prompts: Sequence[str], targets: Sequence[str], *,
     t_ids = tokenizer.encode(t) + [tokenizer.eos_id]
     n = len(p_ids) + len(t_ids)
     if n > seq_len:
-      raise ValueError(f"sft_batch: example {i} needs {n} tokens ({p!r} -> {t!r}); "
+      raise ValueError(f"sft_batch: example {i} needs {n} tokens "
+                       f"({p if isinstance(p, str) else p.prompt!r} -> {t!r}); "
                        f"seq_len={seq_len}")
     tokens[i, seq_len - n:] = p_ids + t_ids
     attn[i, seq_len - n:] = True

@@ -108,13 +108,16 @@ class Checkpointer:
     async_save: write files in the background (safe with donated state; see module docstring).
     config: this run's config (dict, ConfigDict or dataclass), saved and checked on resume.
     ignore_fields: run-neutral config fields a resumed run may change.
+    upgrade_saved_config: applied to a checkpoint's saved config dict before the comparison (a
+      schema that gained fields fills them in as an older run had them); None: as saved.
     verify: store and check per-leaf checksums.
   """
 
   def __init__(self, workdir: str, *, max_to_keep: int = 3, keep_best: bool = True,
                best_mode: str = "max", async_save: bool = True, config: Any = None,
                ignore_fields: Sequence[str] = DEFAULT_RUN_NEUTRAL_FIELDS, verify: bool = True,
-               metric_name: str = "heldout_accuracy"):
+               metric_name: str = "heldout_accuracy",
+               upgrade_saved_config: Callable[[dict], dict] | None = None):
     if max_to_keep < 1:
       raise ValueError(f"Checkpointer: {max_to_keep=} must be >= 1")
     if best_mode not in ("max", "min"):
@@ -124,6 +127,7 @@ class Checkpointer:
     self.quarantine = epath.Path(workdir) / "checkpoints_corrupt"
     self.config = None if config is None else _to_json(config)
     self.ignore_fields = tuple(ignore_fields)
+    self.upgrade_saved_config = upgrade_saved_config
     self.verify = verify
     self.metric_name = metric_name
     self._mgr = None
@@ -276,6 +280,8 @@ class Checkpointer:
   def _check_config(self, step: int, saved: Any) -> None:
     if self.config is None or saved is None:
       return
+    if self.upgrade_saved_config is not None:
+      saved = self.upgrade_saved_config(saved)
     diff = config_diff(saved, self.config, self.ignore_fields)
     if diff:
       raise ConfigMismatchError(

@@ -67,12 +67,14 @@ class _Collate:
     batch = {"prompt": np.asarray([e.prompt for e in examples], dtype=object),
              "domain_id": ids, "examples": examples}
     if self.tokenizer is not None:
+      from smjax.batch import encode_prompt  # pylint: disable=import-outside-toplevel
       tok, width = self.tokenizer, self.max_prompt_len
       tokens = np.full((len(items), width), tok.pad_id, np.int32)
       for row, e in enumerate(examples):
-        ids_ = [tok.bos_id] + tok.encode(e.prompt)
+        ids_ = encode_prompt(tok, e)   # as the sampler is fed it: BOS or the chat template
         if len(ids_) > width:
-          raise ValueError(f"prompt of {len(ids_)} tokens (with BOS) > max_prompt_len={width}: "
+          raise ValueError(f"prompt of {len(ids_)} tokens (with BOS or chat template) > "
+                           f"max_prompt_len={width}: "
                            f"{e.prompt[:60]!r} (domain {e.domain})")
         tokens[row, width - len(ids_):] = ids_  # left-padded: every prompt ends at column width-1
       batch["prompt_tokens"] = tokens
@@ -95,7 +97,8 @@ def prompt_pipeline(domains: Sequence[Domain], *, batch_size: int, split: str = 
 
   Batches are dicts: "prompt" (object array of str [B]), "domain_id" (int32 [B], the index into
   `domains`), "examples" (list of Example, for the verifiers); with a tokenizer also
-  "prompt_tokens" (int32 [B, max_prompt_len], BOS + prompt, left-padded) and "prompt_mask".
+  "prompt_tokens" (int32 [B, max_prompt_len], `encode_prompt` of each prompt: BOS + prompt, or
+  its chat template's rendering; left-padded) and "prompt_mask".
   shard: this process's share (default: grain.sharding.ShardByJaxProcess()); num_epochs: None
   repeats forever; a final partial batch is dropped. read_options: grain's prefetching (default:
   2 threads, 4 batches ahead; grain's own default of 500 batches makes every restore slow).

@@ -52,6 +52,9 @@ commands:
   export  WORKDIR --phase ARM --out DIR [--seed N]
           write an arm's final model (e.g. split_merge, joint_grpo, expert_math) as a Hugging
           Face directory: config.json, model.safetensors, tokenizer files
+  prepare DATASET IN OUT [--test FILE] [--test-fraction F]
+          turn a published data set's file (gsm8k, math, mbpp, humaneval) into the JSONL a
+          study reads
   eval    MODEL_DIR --data FILE [--domain NAME] [--samples K] [--max-new-tokens N] [--json FILE]
           score a Hugging Face model directory on math or code records, with a 95% interval
   --version
@@ -419,10 +422,13 @@ def cli():
     _subcommand("export", "smjax.study.export", args[1:])
   elif args[0] == "eval":
     _subcommand("eval", "smjax.model_eval", args[1:])
+  elif args[0] == "prepare":
+    _subcommand("prepare", "smjax.prepare", args[1:])
   elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
     run()
   else:
-    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, export or eval"
+    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, export, "
+          f"prepare or eval"
           f"\n\n{USAGE}",
           end="", file=sys.stderr)
     sys.exit(2)

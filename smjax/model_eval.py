@@ -7,10 +7,14 @@ study's real-data domains, with a 95 % interval.
 
 The data is every record of FILE (.jsonl, .jsonl.gz or .parquet; smjax.domains.records):
 `{question, answer}` math records, verified with math-verify, or `{prompt, tests, entry_point}`
-code records, run in the sandbox (smjax.domains.real); `--domain` (math or code) says which,
-else the first record's fields do. Prompts are fed as the study fed them: BOS where the tokenizer
-has one, then the domain's prompt text, no chat template, so an exported student is scored as it
-was trained. Each prompt gets `--samples` completions at `--temperature` (0: one greedy
+code records, run in the sandbox (smjax.domains.real), or a published GSM8K, MATH, MBPP or
+HumanEval file in its own schema (smjax.domains.datasets); `--domain` (math or code) says which,
+else the first record's fields do. Prompts are fed as the study fed them (smjax.batch.
+encode_prompt): as chat messages through the directory's chat template where it has one (an
+instruct model, or the export of a study on one), else BOS where the tokenizer has one and the
+domain's prompt text; `--chat-template none` feeds raw text (the export of a study run with
+config.model.chat_template="none"), so an exported student is scored as it was trained. Each
+prompt gets `--samples` completions at `--temperature` (0: one greedy
 completion) of up to `--max-new-tokens` tokens (smjax.train.evaluate.Evaluator, the study's
 evaluation, with its fixed sampling keys). The accuracy is the mean over prompts of the share of
 a prompt's samples that are right; its interval is Wilson's over prompts
@@ -44,7 +48,7 @@ def _kind(data: str, domain: str | None) -> str:
   raw = _read_raw(os.path.abspath(os.path.expanduser(data)))
   first = raw[0][1] if raw else {}
   fields = sorted(first) if isinstance(first, dict) else []
-  if "entry_point" in fields:
+  if "entry_point" in fields or "test_list" in fields:   # test_list: MBPP's own schema
     return "jsonl_code"
   if "question" in fields or "problem" in fields:
     return "jsonl_math"
@@ -53,20 +57,21 @@ def _kind(data: str, domain: str | None) -> str:
                    "entry_point})")
 
 
-def load_model(model_dir: str, *, min_seq_len: int = 0):
+def load_model(model_dir: str, *, min_seq_len: int = 0, chat_template: str = "auto"):
   """(ModelConfig, params as jax arrays, tokenizer) of a Hugging Face directory, its context at
-  least `min_seq_len`. The weights keep the dtype config.json names (float32 otherwise)."""
+  least `min_seq_len`. The weights keep the dtype config.json names (float32 otherwise);
+  `chat_template`: "auto" (the directory's, where it has one) or "none"."""
   # pylint: disable=import-outside-toplevel
   import jax
   import jax.numpy as jnp
   from smjax.models import hf
-  cfg, tokenizer = _config_and_tokenizer(model_dir)
+  cfg, tokenizer = _config_and_tokenizer(model_dir, chat_template)
   cfg = cfg.replace(max_seq_len=max(cfg.max_seq_len, min_seq_len))
   _, params = hf.load_params(model_dir, cfg)
   return cfg, jax.tree.map(jnp.asarray, params), tokenizer
 
 
-def _config_and_tokenizer(model_dir: str):
+def _config_and_tokenizer(model_dir: str, chat_template: str = "auto"):
   # pylint: disable=import-outside-toplevel
   from smjax.checkpoint_meta import read_json
   from smjax.models import hf
@@ -76,7 +81,7 @@ def _config_and_tokenizer(model_dir: str):
   dtype = stored.get("torch_dtype") or stored.get("dtype")
   if dtype in ("float32", "bfloat16", "float16"):
     cfg = cfg.replace(param_dtype=dtype, dtype=dtype)
-  tokenizer = load_tokenizer(model_dir)
+  tokenizer = load_tokenizer(model_dir, chat_template)
   if tokenizer.vocab_size > cfg.vocab_size:
     raise ValueError(f"{model_dir}: the tokenizer has {tokenizer.vocab_size} ids but config.json "
                      f"says vocab_size={cfg.vocab_size}; the tokenizer files and config.json must "
@@ -85,7 +90,8 @@ def _config_and_tokenizer(model_dir: str):
 
 
 def evaluate(model_dir: str, data: str, *, domain: str | None = None, samples: int = 4,
-             max_new_tokens: int = 256, temperature: float = 1.0, batch_size: int = 16) -> dict:
+             max_new_tokens: int = 256, temperature: float = 1.0, batch_size: int = 16,
+             chat_template: str = "auto") -> dict:
   """Scores the model in `model_dir` on every record of `data` (module docstring). Returns
   {"model", "data", "domain", "prompts", "samples", "temperature", "max_new_tokens", "accuracy",
   "lo", "hi", "confidence", "interval", "pass_at_k", "mean_length", "at_cap", "per_prompt": [{
@@ -109,16 +115,17 @@ def evaluate(model_dir: str, data: str, *, domain: str | None = None, samples: i
   from smjax.rollout import Sampler
   from smjax.study.stats import wilson_interval
   from smjax.train.evaluate import Evaluator
-  cfg, tokenizer = _config_and_tokenizer(model_dir)
+  cfg, tokenizer = _config_and_tokenizer(model_dir, chat_template)
   dom = get_domain(f"{_kind(data, domain)}:{os.path.abspath(os.path.expanduser(data))}")
   examples = dom.all_examples()
   longest = 0
   for e in examples:
     try:
-      longest = max(longest, len(encode_prompt(tokenizer, e.prompt)))
+      longest = max(longest, len(encode_prompt(tokenizer, e)))
     except ValueError as err:   # the char tokenizer: a character outside its table
       raise ValueError(f"{e.metadata['where']}: {err}") from None
-  cfg, params, tokenizer = load_model(model_dir, min_seq_len=longest + max_new_tokens)
+  cfg, params, tokenizer = load_model(model_dir, min_seq_len=longest + max_new_tokens,
+                                      chat_template=chat_template)
   sampler = Sampler(cfg, max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,
                     pad_id=tokenizer.pad_id)
   verify = functools.partial(verify_batch, domains={dom.name: dom})
@@ -174,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                  help="sampling temperature, the study's default 1.0 (0: greedy, --samples 1)")
   p.add_argument("--batch-size", type=int, default=16, metavar="B",
                  help="prompts per sampler call (default 16)")
+  p.add_argument("--chat-template", default="auto", choices=("auto", "none"),
+                 help="auto: prompts as chat through the directory's chat template where it has "
+                 "one (as the study does by default); none: raw text")
   p.add_argument("--json", default=None, metavar="FILE", help="also write the result as JSON")
   a = p.parse_args(argv)
   if a.json:
@@ -181,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
   samples = a.samples if a.samples is not None else 1 if a.temperature == 0 else 4
   r = evaluate(a.model_dir, a.data, domain=a.domain, samples=samples,
                max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-               batch_size=a.batch_size)
+               batch_size=a.batch_size, chat_template=a.chat_template)
   print(summary(r))
   if a.json:
     parent = os.path.dirname(a.json) if not paths.is_url(a.json) else None

@@ -445,3 +445,18 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   # A run-neutral field is never read.
   assert not any(f in r for r in reads.values() for f in RUN_NEUTRAL_FIELDS)
 
+
+def test_a_field_added_to_the_schema_keeps_earlier_workdirs_comparable():
+  """A config saved before model.chat_template existed compares as it ran: a toy study (raw
+  prompts = "auto" on the char tokenizer) as the defaults, an HF study as "none"."""
+  from smjax.checkpoint import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel
+  now = study_config.study_defaults().to_dict()
+  old = json.loads(json.dumps(now))
+  del old["model"]["chat_template"]
+  assert config_diff(old, now) == ["model.chat_template: '<absent>' -> 'auto'"]
+  assert config_diff(study_config.upgrade_old_config(old), now) == []
+  old["model"]["hf_path"] = now["model"]["hf_path"] = "/models/qwen"
+  assert config_diff(study_config.upgrade_old_config(old), now) == [
+      "model.chat_template: 'none' -> 'auto'"]
+  assert "chat_template" not in old["model"]   # the saved dict is left as it was

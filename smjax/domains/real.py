@@ -8,6 +8,12 @@
 
 Splits: with one file, a record is held out iff the CRC-32 of its question/prompt text is 0 mod 5
 (identical texts always land in the same split); or pass train= and test= files explicitly.
+
+Published files (GSM8K, MATH, MBPP, HumanEval) are read in their own schemas
+(smjax.domains.datasets; `python -m smjax.prepare` writes them as these records). For a chat model
+(smjax.models.chat) a prompt is a user message: the math prompt as it is, a code prompt that is
+code (HumanEval's signature and docstring) with an instruction to complete it
+(`metadata["chat_prompt"]`); `system=` gives every example a system message.
 """
 
 from __future__ import annotations
@@ -24,12 +30,25 @@ from smjax.rewards.math import gold_answer, math_reward
 from smjax.rewards.sandbox import Job, Limits
 
 MATH_TEMPLATE = "{question}\nPut your final answer in \\boxed{{}}."
+# A code prompt that is code, as a chat model's user message (smjax.models.chat.prompt_messages).
+CODE_CHAT_TEMPLATE = ("Complete the following Python function. Reply with the complete function, "
+                      "with any imports it needs, in one ```python block.\n\n```python\n{prompt}"
+                      "```")
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\n(.*?)(?:```|$)", re.DOTALL)
 CODE_LIMITS = Limits(timeout_s=6.0, memory_mb=1024, nproc=32)
 
 
 def _held_out(text: str) -> bool:
   return zlib.crc32(text.encode()) % 5 == 0
+
+
+def _is_code(prompt: str) -> bool:
+  """Whether a code prompt is Python (HumanEval's signature and docstring) rather than prose."""
+  try:
+    compile(prompt, "<prompt>", "exec")
+    return True
+  except (SyntaxError, ValueError):
+    return False
 
 
 class _FileDomain(Domain):
@@ -39,10 +58,11 @@ class _FileDomain(Domain):
   key_field = ""
 
   def __init__(self, path: str | None = None, *, train: str | None = None,
-               test: str | None = None):
+               test: str | None = None, system: str | None = None):
     if (path is None) == (train is None and test is None):
       raise ValueError(f"{type(self).__name__}: pass either a path or train=/test= files")
     self.path, self.files = path, {"train": train, "test": test}
+    self.system = system   # a chat model's system message for every example (None: none)
     where = path if path else f"train={train},test={test}"
     self.name = f"jsonl_{self.kind}:{where}"
 
@@ -78,6 +98,10 @@ class _FileDomain(Domain):
       rnd += 1
     return out
 
+  def _metadata(self, rec: dict, **more: Any) -> dict:
+    """An example's metadata: where its record is, `more`, and the system message if any."""
+    return {"where": rec["_where"], **more, **({"system": self.system} if self.system else {})}
+
   @abc.abstractmethod
   def _example(self, rec: dict) -> Example:
     """One validated record as an Example (the math and code domains define it)."""
@@ -102,8 +126,9 @@ class JsonlMathDomain(_FileDomain):
       solution = f"{answer.rsplit('####', 1)[0].strip()}\nThe answer is \\boxed{{{gold}}}."
     else:
       solution = answer if "\\boxed" in answer else f"\\boxed{{{gold}}}"
+    kept = {k: rec[k] for k in ("level", "type") if k in rec}   # MATH's, for per-level reads
     return Example(prompt=self.format_prompt(rec["question"]), reference=gold, solution=solution,
-                   domain=self.name, metadata={"where": rec["_where"]})
+                   domain=self.name, metadata=self._metadata(rec, **kept))
 
   def extract_answer(self, completion: str) -> str | None:
     from smjax.rewards.math import last_boxed  # pylint: disable=import-outside-toplevel
@@ -127,8 +152,10 @@ class JsonlCodeDomain(SandboxDomain, _FileDomain):
     tests = rec["tests"] if isinstance(rec["tests"], str) else "\n".join(rec["tests"])
     ref = {"prompt": rec["prompt"], "tests": tests, "entry_point": rec["entry_point"]}
     solution = rec.get("canonical_solution") or rec.get("code") or ""
+    chat = {"chat_prompt": CODE_CHAT_TEMPLATE.format(prompt=rec["prompt"].rstrip("\n") + "\n")
+            } if _is_code(rec["prompt"]) else {}
     return Example(prompt=rec["prompt"], reference=ref, solution=str(solution), domain=self.name,
-                   metadata={"where": rec["_where"], "task_id": rec.get("task_id", "")})
+                   metadata=self._metadata(rec, task_id=rec.get("task_id", ""), **chat))
 
   def extract_answer(self, completion: str) -> str | None:
     """The first fenced code block if there is one, else the completion as is."""
@@ -141,11 +168,9 @@ class JsonlCodeDomain(SandboxDomain, _FileDomain):
     if code is None:
       return None
     prompt = example.reference["prompt"]
-    try:  # a code prompt (HumanEval) is completed and is trusted prelude for the tests
-      compile(prompt, "<prompt>", "exec")
-      prelude = prompt
-    except (SyntaxError, ValueError):  # a natural-language prompt (MBPP): the code stands alone
-      prelude = ""
+    # A code prompt (HumanEval) is completed and is trusted prelude for the tests; with a
+    # natural-language prompt (MBPP) the code stands alone.
+    prelude = prompt if _is_code(prompt) else ""
     program = prelude + ("" if code[:1].isspace() or not prelude else "\n") + code
     return Job(program, kind="module", entry=example.reference["entry_point"],
                tests=example.reference["tests"], prelude=prelude, limits=self.limits)

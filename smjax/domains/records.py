@@ -1,7 +1,9 @@
 """Loading and validating task records from local JSONL (.jsonl, .jsonl.gz) or Parquet files.
 
 A malformed record is an error that names the file, the line (JSONL) or row (Parquet), and the
-missing or ill-typed field with what was expected.
+missing or ill-typed field with what was expected. Code records in MBPP's own schema ({text, code,
+test_list}) are read through its reader (smjax.domains.datasets), which names the function its
+tests call in the prompt; GSM8K, MATH and HumanEval records are read as they are published.
 """
 
 from __future__ import annotations
@@ -83,8 +85,13 @@ def _read_raw(path: str) -> list[tuple[str, Any]]:
   return _read_jsonl(path)
 
 
+def location(path: str, where: str) -> str:
+  """How errors name a record: "file:N" for JSONL line N, "file: row N" for a Parquet row."""
+  return f"{path}:{where.split()[1]}" if where.startswith("line") else f"{path}: {where}"
+
+
 def _check(path: str, where: str, rec: Any, schema: Schema) -> dict:
-  loc = f"{path}:{where.split()[1]}" if where.startswith("line") else f"{path}: {where}"
+  loc = location(path, where)
   if not isinstance(rec, dict):
     raise ValueError(f"{loc}: record is {type(rec).__name__}, expected a JSON object with fields "
                      f"{sorted(schema)}; fix or remove the record")
@@ -109,7 +116,10 @@ def _load_cached(path: str, mtime: float, schema_key: str) -> tuple[dict, ...]:
   del mtime  # part of the cache key only
   schema = {"math": MATH_SCHEMA, "code": CODE_SCHEMA}[schema_key]
   recs = []
+  from smjax.domains import datasets  # pylint: disable=import-outside-toplevel
   for where, rec in _read_raw(path):
+    if schema_key == "code" and datasets.is_mbpp(rec):   # MBPP's own schema: its reader
+      rec = datasets.mbpp_record(rec, location(path, where))
     rec = _check(path, where, rec, schema)
     rec["_where"] = f"{path}:{where}"
     recs.append(rec)

@@ -56,6 +56,8 @@ def config_from_hf(path: str, *, param_dtype: str = "float32", dtype: str = "flo
   """Reads `path/config.json` into a ModelConfig; unsupported settings raise a ValueError."""
   file = os.path.join(path, "config.json")
   if not os.path.exists(file):
+    from smjax.models.hub import check_model_dir  # pylint: disable=import-outside-toplevel
+    check_model_dir(path)   # a Hub id: say how to download it
     raise FileNotFoundError(f"{file} does not exist: expected a Hugging Face model directory")
   hf = read_json(file, _REDOWNLOAD)
   archs = hf.get("architectures") or []

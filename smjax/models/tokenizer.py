@@ -1,7 +1,9 @@
 """Tokenizers with one interface: a char-level one for the toy domains and an HF `tokenizer.json` one.
 
 Both expose `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size`, `pad_id`, `bos_id`,
-`eos_id`, so rollouts, rewards and data pipelines never care which one they hold. An exported toy
+`eos_id`, so rollouts, rewards and data pipelines never care which one they hold. An HF tokenizer
+also carries its model's chat template (`chat_template`, smjax.models.chat; None without one; the
+char tokenizer has none), which `smjax.batch.encode_prompt` renders prompts with. An exported toy
 model carries the char tokenizer as Hugging Face files (`char_tokenizer_files`), and
 `load_tokenizer` reloads either kind from a model directory.
 """
@@ -68,11 +70,16 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-  """A Hugging Face `tokenizer.json` loaded with the `tokenizers` library (no transformers needed)."""
+  """A Hugging Face `tokenizer.json` loaded with the `tokenizers` library (no transformers needed).
+
+  chat_template: "auto" (the directory's chat template where it has one, smjax.models.chat) or
+  "none" (raw-text prompts); the template is `self.chat_template` (None without one)."""
 
   def __init__(self, path: str, *, eos_token: str | None = None, pad_token: str | None = None,
-               bos_token: str | None = None):
+               bos_token: str | None = None, chat_template: str = "auto"):
     from tokenizers import Tokenizer as _Tok  # pylint: disable=import-outside-toplevel
+    from smjax.models.hub import check_model_dir  # pylint: disable=import-outside-toplevel
+    check_model_dir(path)
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.exists(file):
       raise FileNotFoundError(f"tokenizer file {file} does not exist (expected a tokenizer.json)")
@@ -103,6 +110,8 @@ class HFTokenizer:
       raise ValueError(f"{file}: no EOS token found (set eos_token= or eos_token in "
                        f"{config_file})")
     self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+    from smjax.models.chat import load_chat_template  # pylint: disable=import-outside-toplevel
+    self.chat_template = load_chat_template(os.path.dirname(file), chat_template, config)
 
   def encode(self, text: str) -> list[int]:
     return self._tok.encode(text, add_special_tokens=False).ids
@@ -153,9 +162,10 @@ def char_tokenizer_files(model_max_length: int) -> dict[str, str]:
           "special_tokens_map.json": json.dumps(special, indent=1)}
 
 
-def load_tokenizer(path: str) -> Tokenizer:
+def load_tokenizer(path: str, chat_template: str = "auto") -> Tokenizer:
   """The tokenizer of a Hugging Face model directory: CharTokenizer where its
-  tokenizer_config.json carries CHAR_MARK (an exported toy model), else HFTokenizer(path)."""
+  tokenizer_config.json carries CHAR_MARK (an exported toy model), else HFTokenizer(path) with
+  `chat_template` ("auto": the directory's chat template where it has one; "none")."""
   config_file = os.path.join(path, "tokenizer_config.json")
   if os.path.exists(config_file):
     from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
@@ -163,4 +173,4 @@ def load_tokenizer(path: str) -> Tokenizer:
                        "model again")
     if config.get(CHAR_MARK) == "char":
       return CharTokenizer()
-  return HFTokenizer(path)
+  return HFTokenizer(path, chat_template=chat_template)

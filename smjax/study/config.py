@@ -1,7 +1,9 @@
 """The one schema of a study config: every field a study reads is declared (and documented) here.
 
 Sequences are tuples (ml_collections overrides them from the command line as
-`--config.domains="('math', 'code')"`; lists cannot be overridden).
+`--config.domains="('math', 'code')"`; lists cannot be overridden). A domain is a registry name or
+a `module:attr` import path of your own Domain (smjax.domains); either way the study keys it by
+its name (`domain_keys`), which the self_teacher and base.domain_correct_fraction fields name.
 
 Config files in configs/ start from `study_defaults()` and change values; the dict is locked, so an
 unknown field or a misspelt `--config.x=...` override is an error naming the field. `validate`
@@ -10,6 +12,8 @@ checks values before anything runs. Which fields each phase reads is declared be
 """
 
 from __future__ import annotations
+
+import json
 
 import ml_collections as mlc
 
@@ -27,6 +31,28 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "repo
                       "self_teacher.recover_target_fraction", "collapse_window", "seeds",
                       "phases", "wandb")
 
+
+# Fields added to the schema after studies were run, each with the value that does what a config
+# written before it did: a finished phase, a checkpoint or a workdir's config.json from before is
+# compared as if written with that value (`upgrade_old_config`), so adding a field orphans no
+# earlier workdir whose run it would not change. model.chat_template: raw-text prompts were all
+# there was; "auto" is the same for the char tokenizer (no template), "none" for an HF model.
+ADDED_FIELDS = {
+    "model.chat_template": lambda old: "none" if old.get("model", {}).get("hf_path") else "auto",
+}
+
+
+def upgrade_old_config(old: dict) -> dict:
+  """A copy of a saved config dict with every `ADDED_FIELDS` field it lacks filled in."""
+  out = json.loads(json.dumps(old))
+  for field, value in ADDED_FIELDS.items():
+    *sections, key = field.split(".")
+    d = out
+    for sect in sections:
+      d = d.setdefault(sect, {})
+    if key not in d:
+      d[key] = value(old)
+  return out
 
 def study_defaults() -> mlc.ConfigDict:
   c = mlc.ConfigDict()
@@ -66,8 +92,11 @@ def study_defaults() -> mlc.ConfigDict:
 
   # hf_path: a local Hugging Face directory (config.json, safetensors, tokenizer.json). When set,
   # it replaces `preset` and the char tokenizer, and the base phase starts from its weights.
+  # chat_template: "auto" feeds an HF model that has a chat template (an instruct model) each
+  # prompt as its chat (a user message, the assistant's turn opened; smjax.models.chat); "none"
+  # feeds the raw prompt text. The char tokenizer has none: the toy study is the same either way.
   c.model = mlc.ConfigDict(dict(preset="toy-tiny", hf_path="", param_dtype="float32",
-                                dtype="float32", max_seq_len=0))
+                                dtype="float32", max_seq_len=0, chat_template="auto"))
   # Device mesh (smjax.sharding): rows over data x fsdp, parameters over fsdp and tensor.
   # data=-1 takes every device the other axes leave.
   c.mesh = mlc.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -197,11 +226,18 @@ def validate(c: mlc.ConfigDict) -> None:
     raise ValueError("config.seeds is empty; give at least one seed")
   if len(set(c.domains)) != len(c.domains) or not c.domains:
     raise ValueError(f"config.domains={list(c.domains)} must be a non-empty list without repeats")
+  keys = domain_keys(c)   # imports every `module:attr` domain: a failing one is named here
+  if len(set(keys)) != len(keys):
+    raise ValueError(f"config.domains={list(c.domains)}: two domains have one name ({list(keys)}); "
+                     "give each imported domain a name of its own")
   from smjax.domains import domain_label  # pylint: disable=import-outside-toplevel
-  labels = [domain_label(d) for d in c.domains]
+  labels = [domain_label(d) for d in keys]
   if len(set(labels)) != len(labels):
     raise ValueError(f"config.domains={list(c.domains)}: two domains share the short name used "
                      f"for arms and directories ({labels}); rename one data file")
+  if c.model.chat_template not in ("auto", "none"):
+    raise ValueError(f"config.model.chat_template={c.model.chat_template!r} must be 'auto' (the "
+                     "model's chat template where it has one) or 'none' (raw-text prompts)")
   if c.base.steps < 0 or (c.base.steps == 0 and not c.model.hf_path):
     raise ValueError(f"config.base.steps={c.base.steps}: a toy base needs >= 1 SFT step (0 is "
                      "allowed only with model.hf_path, whose weights are then the base)")
@@ -235,9 +271,9 @@ def validate(c: mlc.ConfigDict) -> None:
                      "advantages need groups of at least 2")
   if "self_teacher" in c.phases:
     for f in ("degrade_domain", "recover_domain"):
-      if c.self_teacher[f] not in c.domains:
+      if c.self_teacher[f] not in keys:
         raise ValueError(f"config.self_teacher.{f}={c.self_teacher[f]!r} is not one of "
-                         f"config.domains={list(c.domains)}")
+                         f"config.domains' names {list(keys)}")
     if c.self_teacher.degrade not in ("noisy_sft", "grpo"):
       raise ValueError(f"config.self_teacher.degrade={c.self_teacher.degrade!r} must be "
                        "'noisy_sft' or 'grpo'")
@@ -331,10 +367,19 @@ def external_max_new_tokens(c: mlc.ConfigDict) -> int:
   return int(c.external.max_new_tokens) or int(c.rl.max_new_tokens) + TEACHER_EXTRA_TOKENS
 
 
+def domain_keys(c: mlc.ConfigDict) -> tuple[str, ...]:
+  """The names config.domains' domains go by, in order: a registry name as it is, a
+  `module:attr` import path as its domain's `name` attribute (smjax.domains.domain_key). Every
+  phase, report column, teacher route and directory is keyed by these; a ValueError naming the
+  path when one fails to import."""
+  from smjax.domains import domain_key  # pylint: disable=import-outside-toplevel
+  return tuple(domain_key(d) for d in c.domains)
+
+
 def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:
   """{domain: the base mixture's correct fraction}: base.correct_fraction, overridden per domain
   by base.domain_correct_fraction ("logic=0.5,strings=0.3"); ValueError naming the field."""
-  out = {d: float(c.base.correct_fraction) for d in c.domains}
+  out = {d: float(c.base.correct_fraction) for d in domain_keys(c)}
   spec = c.base.domain_correct_fraction.strip()
   for item in filter(None, (x.strip() for x in spec.split(","))):
     name, eq, value = item.partition("=")
@@ -347,7 +392,7 @@ def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:
                        "domain=fraction with the fraction in [0, 1]")
     if name.strip() not in out:
       raise ValueError(f"config.base.domain_correct_fraction={spec!r}: {name.strip()!r} is not "
-                       f"one of config.domains={tuple(c.domains)}")
+                       f"one of config.domains' names {tuple(out)}")
     out[name.strip()] = frac
   return out
 
@@ -367,7 +412,7 @@ def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
       examples.extend(dom.all_examples())
   longest, worst = 1, None
   for e in examples:
-    n = len(encode_prompt(tokenizer, e.prompt))
+    n = len(encode_prompt(tokenizer, e))
     if n > longest:
       longest, worst = n, e
   where = ((worst.metadata or {}).get("where") if worst is not None else None)
@@ -388,8 +433,8 @@ def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
       continue
     fits = max_seq_len - longest - (new_tokens - T)
     fix = (f"use config.rl.max_new_tokens <= {fits}" if fits >= 1 else
-           f"the prompt alone leaves no room for an answer: shorten or remove it, or raise the "
+           "the prompt alone leaves no room for an answer: shorten or remove it, or raise the "
            "max_seq_len")
     raise ValueError(
-        f"config.rl.max_new_tokens={T} does not fit: {which} has {longest} tokens (BOS "
-        f"included), and {longest} + {new_tokens} new tokens exceeds {what}; {fix}")
+        f"config.rl.max_new_tokens={T} does not fit: {which} has {longest} tokens (BOS or "
+        f"chat template included), and {longest} + {new_tokens} new tokens exceeds {what}; {fix}")

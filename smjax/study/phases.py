@@ -22,19 +22,19 @@ import numpy as np
 from smjax import checkpoint as ckpt_lib
 from smjax import paths
 from smjax.domains import TOY_DOMAINS
-from smjax.domains.base import rng_for
+from smjax.domains.base import ToyDomain, rng_for
 from smjax.domains.chains import ANSWER_MARK
 from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
 from smjax.rollout import Sampler
 from smjax.study import store
-from smjax.study.config import TEACHER_EXTRA_TOKENS, correct_fractions
+from smjax.study.config import TEACHER_EXTRA_TOKENS, correct_fractions, domain_keys
 from smjax.study.shared import SeedShared, make_evaluator, state_shardings
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
-from smjax.train.loop import (Reference, RLLoopConfig, RLProgress, grpo_batch, opd_batch, run_rl,
+from smjax.train.loop import (Reference, RLLoopConfig, grpo_batch, opd_batch, run_rl_checkpointed,
                               run_sft)
 from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, wandb_run_id
 from smjax.train.teachers import TeacherRouter
@@ -83,8 +83,11 @@ def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
   """The base's training mixture (chain form): each example's chain with its mistake sites
   flawed independently, so that a fraction `correct_fraction[domain]` of the examples that admit
   a mistake are correct (ToyDomain.sample_solution); drawn per example from a stable hash, so a
-  resumed or rerun base sees the same mixture."""
+  resumed or rerun base sees the same mixture. A domain without chains (a file's, or your own
+  `module:attr` Domain, beside toy ones) keeps its gold solutions."""
   def transform(example):
+    if not isinstance(domains[example.domain], ToyDomain):
+      return example
     m = example.metadata
     rng = rng_for("flaw", example.domain, m.get("split"), m.get("seed"), m.get("index"))
     return dataclasses.replace(example, solution=domains[example.domain].sample_solution(
@@ -115,7 +118,7 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
       if b.steps:
         mix = flaw_mixture(shared.domains, correct_fractions(c)) if chain else None
         state, ledger = _sft(shared, workdir, BASE, phase="base/sft", state=state, step=step,
-                             stream=shared.prompts(c.domains, b.batch_size, 1, mix),
+                             stream=shared.prompts(domain_keys(c), b.batch_size, 1, mix),
                              seq_len=b.seq_len, num_steps=b.steps, writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
@@ -280,23 +283,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     evaluator = shared.evaluator
     if heldout_domains is not None or sampler is not shared.sampler:
       evaluator = shared.evaluator_for(sampler=sampler, domains=heldout_domains)
-    mgr = store.checkpointer(workdir, c, phase, reads)
-    progress = None
-    snaps: dict = {}
-    restored = mgr.restore_latest(state)
-    if restored is not None:
-      snaps = dict(restored.extra.get("snapshots") or {})
-      state = restored.state
-      prompts.set_state(restored.data_state)
-      progress = RLProgress(step=restored.step, ledger=FlopLedger.from_dict(restored.ledger),
-                            curve=restored.extra["curve"],
-                            next_eval_flops=restored.extra["next_eval_flops"])
-      log.warning("phase %s: resumed from its checkpoint at step %d", phase, restored.step)
-
-    def save(step_, state_, prog):
-      mgr.save(step_, state_, data_state=prompts.get_state(), ledger=prog.ledger,
-               extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops,
-                      "snapshots": snaps})
+    snaps: dict = {}   # saved with every checkpoint, restored on resume
 
     def on_eval(point, state_, prog):
       for label, rule in (snapshot_at or {}).items():
@@ -308,22 +295,18 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     fix = None
     if algo.fixes_grid and not every:
       fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops) / eval_refine
-    # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
-    # step) waits for its pending async save before it propagates, so no save is left running.
-    with mgr, ckpt_lib.PreemptionGuard() as guard, _writer(c, workdir, phase) as writer:
-      if restored is not None:   # training rows are logged by step index, evaluations by steps done
-        at = restored.step
-        writer.keep_only(lambda r: r["step"] < at or (r["step"] == at and "loss" not in r))
-      result = run_rl(state, name=phase, loop=loop, step=algo.step, make_batch=make_batch,
-                      sampler=sampler, tokenizer=shared.tokenizer, prompts=prompts,
-                      verify=shared.verify, evaluator=evaluator, writer=writer,
-                      progress=progress, flops_offset=flops_offset, fix_eval_every=fix,
-                      save=save, should_stop=guard.should_stop, stop_at=stop_at,
-                      run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
-                      on_eval=on_eval if snapshot_at else None,
-                      collapse_advice=f"config.{algo.section}.learning_rate="
-                      f"{rl.learning_rate} too high for this model (rerun with a lower one into "
-                      f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
+    result = run_rl_checkpointed(
+        state, checkpointer=store.checkpointer(workdir, c, phase, reads),
+        open_writer=lambda: _writer(c, workdir, phase), kept={"snapshots": snaps},
+        name=phase, loop=loop, step=algo.step, make_batch=make_batch,
+        sampler=sampler, tokenizer=shared.tokenizer, prompts=prompts,
+        verify=shared.verify, evaluator=evaluator,
+        flops_offset=flops_offset, fix_eval_every=fix, stop_at=stop_at,
+        run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
+        on_eval=on_eval if snapshot_at else None,
+        collapse_advice=f"config.{algo.section}.learning_rate="
+        f"{rl.learning_rate} too high for this model (rerun with a lower one into "
+        f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
     if result.stopped:
       raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
                        "command to resume")
@@ -384,7 +367,7 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
                               state_shardings=state_shardings(shared.mesh, tx, cfg))
     state = shared.new_state(
         shared.random_params(jax.random.key(shared.seed + init_offset), cfg), tx, cfg)
-    stream = shared.prompts(c.domains, b.batch_size, stream_seed, transform=transform)
+    stream = shared.prompts(domain_keys(c), b.batch_size, stream_seed, transform=transform)
     with _writer(c, workdir, spec.name) as writer:
       state, ledger = _sft(shared, workdir, spec, phase=f"base/{spec.name}", state=state,
                            step=step, stream=stream, seq_len=e.teacher_seq_len,
@@ -444,10 +427,10 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> P
                               state_shardings=state_shardings(shared.mesh, tx, shared.model_cfg))
     state = shared.new_state(jax.tree.map(jnp.copy, joint.params), tx)
     mix = flaw_mixture(shared.domains, {d: float(st.degrade_correct_fraction) if d == rec else 1.0
-                                        for d in c.domains})
+                                        for d in domain_keys(c)})
     with _writer(c, workdir, DEGRADE.name) as writer:
       state, ledger = _sft(shared, workdir, DEGRADE, phase="base/degrade", state=state,
-                           step=step, stream=shared.prompts(c.domains, b.batch_size, 50, mix),
+                           step=step, stream=shared.prompts(domain_keys(c), b.batch_size, 50, mix),
                            seq_len=b.seq_len, num_steps=int(st.degrade_steps), writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)

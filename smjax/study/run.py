@@ -38,7 +38,8 @@ from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
 from smjax.study import store
-from smjax.study.config import external_max_new_tokens, study_defaults, validate
+from smjax.study.config import (domain_keys, external_max_new_tokens, study_defaults,
+                                upgrade_old_config, validate)
 from smjax.study.render import format_table, write_report
 from smjax.study import rules
 from smjax.study.report import ArmResult, build_report
@@ -130,6 +131,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   `shared`: the seed's record when already built (start_study builds the first seed's)."""
   shared = shared or seed_shared(config, seed)
   phases = set(config.phases)
+  domains = domain_keys(config)   # every domain by its name (an import path's: its `name`)
   train = _train_flops
   arms = _ArmLog(workdir)
   base = ph.phase_base(shared, workdir)
@@ -140,7 +142,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   joint = None
   if "joint" in phases or "self_teacher" in phases:
     joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
-               domains=config.domains, steps=config.joint.steps, stream_seed=10,
+               domains=domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
@@ -151,8 +153,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   if "experts" in phases or "mopd" in phases:
     experts = {}
     per_step = (int(config.experts.prompts_per_step) or
-                max(1, int(config.rl.prompts_per_step) // len(config.domains)))
-    for i, d in enumerate(config.domains):
+                max(1, int(config.rl.prompts_per_step) // len(domains)))
+    for i, d in enumerate(domains):
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
       bars = {} if ref is None else {
           f"{float(b):g}": rules.bar_rule(d, _stop_final(base), ref, float(b))
@@ -179,7 +181,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                        for d, m in members.items()}
         expert_flops = sum(m["flops"] for m in members.values())
         mopd = rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
-                  init_params=base.params, domains=config.domains, steps=config.mopd.steps,
+                  init_params=base.params, domains=domains, steps=config.mopd.steps,
                   stream_seed=30, flops_offset=expert_flops,
                   router=shared.teacher_router(teachers), eval_refine=int(o.eval_refine),
                   stop_at=rules.all_rules(
@@ -218,10 +220,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     cap = external_max_new_tokens(config)
     for spec, who, teacher, cfg, stream_seed in teachers:
       ext = rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
-               domains=config.domains,
+               domains=domains,
                steps=config.external.steps, stream_seed=stream_seed,
                router=shared.teacher_router([Teacher(who, cfg, teacher.params,
-                                                      tuple(config.domains))]),
+                                                      tuple(domains))]),
                eval_refine=int(o.eval_refine), max_new_tokens=cap,
                stop_at=rules.all_rules(
                    rules.capture_rule(_stop_final(base), _stop_final(teacher), o.capture_fraction),
@@ -229,7 +231,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                        _stop_final(base), ref, float(config.report.target_fraction))))
       arms.append(ArmResult(spec.name, seed, ext.curve, train(ext),
                             distill_flops=sum(train(ext).values()),
-                            teachers={d: f"{who}_teacher" for d in config.domains},
+                            teachers={d: f"{who}_teacher" for d in domains},
                             capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
                             note=f"OPD from the {who} teacher, up to {cap} new tokens"))
   if "self_teacher" in phases:
@@ -386,7 +388,7 @@ def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
   path = paths.join(workdir, "config.json")
   if paths.exists(path):
     old = read_json(path, "delete the workdir or use a fresh --workdir")
-    diff = config_diff(old, config.to_dict(),
+    diff = config_diff(upgrade_old_config(old), config.to_dict(),
                        store.unread_fields(config, ph.read_fields(ph.BASE)))
     if diff:
       raise ConfigMismatchError(

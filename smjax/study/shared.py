@@ -22,12 +22,13 @@ from smjax import data as data_lib
 from smjax import domains as domains_lib
 from smjax import sharding
 from smjax.models import hf
+from smjax.models.hub import check_model_dir
 from smjax.models.presets import get_preset
 from smjax.models.tokenizer import CharTokenizer, HFTokenizer
 from smjax.models.transformer import ModelConfig, Transformer, init_params, param_logical_axes
 from smjax.rewards.verify import verify_batch
 from smjax.rollout import Sampler
-from smjax.study.config import check_lengths
+from smjax.study.config import check_lengths, domain_keys
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
@@ -68,15 +69,8 @@ class SeedShared:
                         abstract, shards)
 
   def new_state(self, params, tx, cfg: ModelConfig | None = None):
-    """A fresh TrainState laid out by `state_shardings(self.mesh, tx, cfg)`; without a mesh,
-    committed to this process's first local device, as a state restored from a checkpoint is.
-    (An uncommitted state, and so every array computed from it, lowers the same programs without
-    their sharding annotations: the same numbers, but other compilation-cache keys, so a resumed
-    study would compile everything again where a persistent compilation cache is on.)"""
-    shardings = state_shardings(self.mesh, tx, cfg or self.model_cfg)
-    if shardings is None:
-      shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return state_lib.create_sharded_state(params, tx, shardings)
+    """A fresh TrainState on the seed's mesh (`new_train_state`)."""
+    return new_train_state(params, tx, self.mesh, cfg or self.model_cfg)
 
   def random_params(self, key, cfg: ModelConfig | None = None):
     """A seeded random init, created sharded on the mesh (jitted with out_shardings, so the whole
@@ -174,6 +168,18 @@ def make_evaluator(config, sampler, tokenizer, heldout, verify, *, samples: int 
                    greedy=e.greedy if greedy is None else greedy, phase=phase)
 
 
+def new_train_state(params, tx, mesh, cfg: ModelConfig):
+  """A fresh TrainState laid out by `state_shardings(mesh, tx, cfg)`; without a mesh, committed
+  to this process's first local device, as a state restored from a checkpoint is. (An
+  uncommitted state, and so every array computed from it, lowers the same programs without their
+  sharding annotations: the same numbers, but other compilation-cache keys, so a resumed run
+  would compile everything again where a persistent compilation cache is on.)"""
+  shardings = state_shardings(mesh, tx, cfg)
+  if shardings is None:
+    shardings = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  return state_lib.create_sharded_state(params, tx, shardings)
+
+
 def state_shardings(mesh, tx, cfg: ModelConfig):
   """The TrainState's shardings on the mesh (None on one device): parameters by their logical
   axes, optimiser moments following them, counters replicated. Steps are jitted with them as
@@ -192,7 +198,8 @@ def _get_path(tree, path):
 
 def _model_and_tokenizer(m: mlc.ConfigDict):
   if m.hf_path:
-    tokenizer = HFTokenizer(m.hf_path)
+    check_model_dir(m.hf_path, "config.model.hf_path")
+    tokenizer = HFTokenizer(m.hf_path, chat_template=m.chat_template)
     cfg = hf.config_from_hf(m.hf_path, param_dtype=m.param_dtype, dtype=m.dtype,
                             max_seq_len=m.max_seq_len or None)
   else:
@@ -216,8 +223,10 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   # `difficulty` and `form` are knobs of the toy domains only; file and reasoning-gym domains
   # take none.
   toy = {"difficulty": config.difficulty, "form": config.form}
-  domains = {d: domains_lib.get_domain(d, **(toy if d in domains_lib.TOY_DOMAINS else {}))
-             for d in config.domains}
+  # Keyed by each domain's name (`domain_keys`: an import path's domain by its `name`), the tag
+  # of its examples.
+  domains = {k: domains_lib.get_domain(d, **(toy if d in domains_lib.TOY_DOMAINS else {}))
+             for d, k in zip(config.domains, domain_keys(config))}
   # The held-out split is disjoint from training by construction (smjax.domains); its seed is
   # fixed per study seed so every arm is scored on the same examples.
   heldout = {d: dom.generate("test", config.heldout_size, seed=10_000 + seed)
@@ -231,32 +240,47 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
                     pad_id=tokenizer.pad_id, mesh=mesh)
   verify = functools.partial(verify_batch, domains=domains)
   # One optimiser / step per algorithm, shared by every phase that uses it: compiles once.
-  rl_opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
-                                     warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
-  rl_tx = state_lib.make_optimizer(rl_opt)
-  # No group size here: the step reads it from each batch (the rollout's samples per prompt).
-  grpo_cfg = steps_lib.GRPOConfig(
-      advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
-      eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
-      aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
-  grpo_step = steps_lib.jit_step(
-      steps_lib.make_grpo_step(model, rl_tx, grpo_cfg,
-                               lr_schedule=state_lib.learning_rate_schedule(rl_opt), mesh=mesh),
-      state_shardings=state_shardings(mesh, rl_tx, model_cfg))
-  opd_tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=o.learning_rate,
-                                                              clip_norm=rl.clip_norm))
-  opd_cfg = steps_lib.OPDConfig(objective=o.objective, eps_low=o.eps_low, eps_high=o.eps_high,
-                                top_k=o.top_k, micro_batches=o.micro_batches, impl=o.impl)
-  opd_step = steps_lib.jit_step(steps_lib.make_opd_step(model, opd_tx, opd_cfg, mesh=mesh),
-                                state_shardings=state_shardings(mesh, opd_tx, model_cfg))
+  rl_tx, grpo_step, grpo_layout = grpo_parts(rl, model, model_cfg, mesh)
+  opd_tx, opd_step, opd_layout = opd_parts(o, rl.clip_norm, model, model_cfg, mesh)
   out = SeedShared(
       config=config, seed=seed, tokenizer=tokenizer, model_cfg=model_cfg, mesh=mesh,
       domains=domains, heldout=heldout, stop=stop, sampler=sampler, evaluator=None,
-      rl_tx=rl_tx, grpo_step=grpo_step,
-      grpo_layout=BatchLayout(share_prompt=rl.shared_prompt, packed=rl.pack_completions,
-                              micro_batches=rl.micro_batches),
-      opd_tx=opd_tx, opd_step=opd_step,
-      opd_layout=BatchLayout(share_prompt=o.shared_prompt, packed=o.pack_completions,
-                             micro_batches=o.micro_batches),
+      rl_tx=rl_tx, grpo_step=grpo_step, grpo_layout=grpo_layout,
+      opd_tx=opd_tx, opd_step=opd_step, opd_layout=opd_layout,
       verify=verify)
   return dataclasses.replace(out, evaluator=out.evaluator_for())
+
+
+def grpo_parts(rl, model: Transformer, model_cfg: ModelConfig, mesh=None):
+  """GRPO's optimiser, step (jitted with the train state's shardings on `mesh`) and batch layout
+  from a section with config.rl's fields (the study's, and smjax.api's GRPO settings, which
+  share their names): one wiring for both, so the short API trains as a study phase does."""
+  opt = state_lib.OptimizerConfig(learning_rate=rl.learning_rate,
+                                  warmup_steps=rl.warmup_steps, clip_norm=rl.clip_norm)
+  tx = state_lib.make_optimizer(opt)
+  # No group size here: the step reads it from each batch (the rollout's samples per prompt).
+  cfg = steps_lib.GRPOConfig(
+      advantage_mode=rl.advantage_mode, eps_low=rl.eps_low,
+      eps_high=rl.eps_high, beta=rl.beta, kl_estimator=rl.kl_estimator,
+      aggregation=rl.aggregation, micro_batches=rl.micro_batches, impl=rl.impl)
+  step = steps_lib.jit_step(
+      steps_lib.make_grpo_step(model, tx, cfg,
+                               lr_schedule=state_lib.learning_rate_schedule(opt), mesh=mesh),
+      state_shardings=state_shardings(mesh, tx, model_cfg))
+  layout = BatchLayout(share_prompt=rl.shared_prompt, packed=rl.pack_completions,
+                       micro_batches=rl.micro_batches)
+  return tx, step, layout
+
+
+def opd_parts(o, clip_norm: float, model: Transformer, model_cfg: ModelConfig, mesh=None):
+  """On-policy distillation's optimiser, step and batch layout from a section with config.opd's
+  fields (`grpo_parts`' twin; the gradient is clipped at `clip_norm`, config.rl's)."""
+  tx = state_lib.make_optimizer(state_lib.OptimizerConfig(learning_rate=o.learning_rate,
+                                                          clip_norm=clip_norm))
+  cfg = steps_lib.OPDConfig(objective=o.objective, eps_low=o.eps_low, eps_high=o.eps_high,
+                            top_k=o.top_k, micro_batches=o.micro_batches, impl=o.impl)
+  step = steps_lib.jit_step(steps_lib.make_opd_step(model, tx, cfg, mesh=mesh),
+                            state_shardings=state_shardings(mesh, tx, model_cfg))
+  layout = BatchLayout(share_prompt=o.shared_prompt, packed=o.pack_completions,
+                       micro_batches=o.micro_batches)
+  return tx, step, layout

@@ -26,6 +26,7 @@ from smjax import checkpoint as ckpt_lib
 from smjax import distributed, paths
 from smjax.checkpoint_meta import flat_fields, read_json
 from smjax.ledger import FlopLedger
+from smjax.study.config import upgrade_old_config
 from smjax.train.metrics import progress_bar_shown
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,8 @@ def load_done(workdir: str, config: mlc.ConfigDict, phase: str, reads: Sequence[
   res = read_json(path, f"delete {phase_dir(workdir, phase)} to rerun phase {phase!r}",
                   keys=("ledger", "curve"))
   diff = ("config" in res and
-          ckpt_lib.config_diff(res["config"], config.to_dict(), unread_fields(config, reads)))
+          ckpt_lib.config_diff(upgrade_old_config(res["config"]), config.to_dict(),
+                               unread_fields(config, reads)))
   if diff:
     raise ckpt_lib.ConfigMismatchError(
         f"{path}: phase {phase!r} finished under a different config; reusing it would mix two "
@@ -167,7 +169,8 @@ def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
   """The running phase's checkpoints (resume refuses a config that changed a field it reads)."""
   return ckpt_lib.Checkpointer(paths.join(phase_dir(workdir, phase), "checkpoints"),
                                max_to_keep=2, keep_best=False, async_save=True,
-                               config=config.to_dict(), ignore_fields=unread_fields(config, reads))
+                               config=config.to_dict(), ignore_fields=unread_fields(config, reads),
+                               upgrade_saved_config=upgrade_old_config)
 
 
 # ------------------------------------------------------------------------- evaluation grid

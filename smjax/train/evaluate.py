@@ -53,7 +53,7 @@ class Evaluator:
     correct, lengths, at_cap = [], [], 0
     for start in range(0, len(examples), self.batch_size):
       chunk = examples[start:start + self.batch_size]
-      prompts = [encode_prompt(self.tokenizer, e.prompt) for e in chunk]
+      prompts = [encode_prompt(self.tokenizer, e) for e in chunk]
       # Pad with copies of the first prompt: one batch shape for the whole run.
       prompts += [prompts[0]] * (self.batch_size - len(prompts))
       res = self.sampler.generate(params, prompts, jax.random.fold_in(key, start),

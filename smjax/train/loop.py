@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import time
 from typing import Any, Callable, Iterator, Sequence
@@ -39,6 +40,8 @@ from smjax.train.guards import Collapse, check_finite
 from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, sci
 from smjax.train.score import target_logprobs
 from smjax.train.teachers import TeacherRouter
+
+log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------ host values
@@ -81,7 +84,7 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
   for i in bar:
     t0 = time.perf_counter()
     examples = next(examples_iter)
-    batch = sft_batch(tokenizer, [e.prompt for e in examples], [e.solution for e in examples],
+    batch = sft_batch(tokenizer, examples, [e.solution for e in examples],
                       seq_len=seq_len)
     ledger.add(steps_lib.step_program_calls(step, state, batch, phase=phase), step=i)
     state, metrics = step(state, batch)
@@ -120,7 +123,7 @@ def rollout(sampler: Sampler, params, examples: Sequence, *, tokenizer, verify, 
             samples_per_prompt: int, temperature: float = 1.0, top_k: int = 0,
             top_p: float = 1.0) -> tuple[Rollout, list[ProgramCall]]:
   """Samples `samples_per_prompt` completions of each example's prompt and verifies them."""
-  prompts = [encode_prompt(tokenizer, e.prompt) for e in examples]
+  prompts = [encode_prompt(tokenizer, e) for e in examples]
   res = sampler.generate(params, prompts, rng, num_samples=samples_per_prompt,
                          temperature=temperature, top_k=top_k, top_p=top_p)
   rows = [e for e in examples for _ in range(samples_per_prompt)]
@@ -421,3 +424,44 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     last = finish(*pending, last=True)
   bar.close()
   return RunResult(state, prog.ledger, prog.curve, last, stopped, at is not None, at)
+
+
+def run_rl_checkpointed(state, *, checkpointer, prompts, open_writer: Callable[[], Any],
+                        kept: dict[str, dict] | None = None, **run_rl_kwargs) -> RunResult:
+  """`run_rl` resumable from `checkpointer` (smjax.checkpoint.Checkpointer): the wiring a study
+  phase (smjax.study.phases.rl_phase) and the short API (smjax.api) share, so both checkpoint and
+  resume alike. The newest intact checkpoint, when there is one, gives back the state, the
+  prompt stream's position (`prompts`: a PromptStream), the ledger, the curve and the next
+  evaluation's FLOPs; every save stores them with `kept` ({key: dict the caller fills, e.g. in
+  on_eval}; restored in place). SIGTERM saves and stops (`RunResult.stopped`; the caller says so).
+  `open_writer() -> MetricsWriter` is opened once the checkpoint is read; a resumed run's
+  metrics rows past its checkpoint are dropped. `run_rl_kwargs`: run_rl's (not progress, save,
+  should_stop, writer)."""
+  from smjax.preemption import PreemptionGuard  # pylint: disable=import-outside-toplevel
+  kept = {} if kept is None else kept
+  name = run_rl_kwargs["name"]
+  progress = None
+  restored = checkpointer.restore_latest(state)
+  if restored is not None:
+    for key, into in kept.items():
+      into.update(restored.extra.get(key) or {})
+    state = restored.state
+    prompts.set_state(restored.data_state)
+    progress = RLProgress(step=restored.step, ledger=FlopLedger.from_dict(restored.ledger),
+                          curve=restored.extra["curve"],
+                          next_eval_flops=restored.extra["next_eval_flops"])
+    log.warning("phase %s: resumed from its checkpoint at step %d", name, restored.step)
+
+  def save(step_, state_, prog):
+    checkpointer.save(step_, state_, data_state=prompts.get_state(), ledger=prog.ledger,
+                      extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops}
+                      | kept)
+
+  # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
+  # step) waits for its pending async save before it propagates, so no save is left running.
+  with checkpointer, PreemptionGuard() as guard, open_writer() as writer:
+    if restored is not None:   # training rows are logged by step index, evaluations by steps done
+      at = restored.step
+      writer.keep_only(lambda r: r["step"] < at or (r["step"] == at and "loss" not in r))
+    return run_rl(state, prompts=prompts, writer=writer, progress=progress, save=save,
+                  should_stop=guard.should_stop, **run_rl_kwargs)

@@ -65,6 +65,15 @@ def _bucket_rows(n: int, total: int, block: int = 1) -> int:
   return min(-(-b // block) * block, max(total, block))
 
 
+@functools.lru_cache(maxsize=None)
+def teacher_program(cfg: ModelConfig, want_logits: bool):
+  """A teacher's `(params, batch) -> scores` (logits or the sampled tokens' log-probs), jitted
+  once per model config: every router over teachers of one architecture (a study's MOPD arms,
+  successive smjax.api runs) shares its compiled programs."""
+  fn = target_logits if want_logits else target_logprobs
+  return jax.jit(functools.partial(fn, Transformer(cfg)))
+
+
 class TeacherRouter:
   """Routes rows to teachers by domain and runs each teacher on its rows only.
 
@@ -85,8 +94,7 @@ class TeacherRouter:
           raise ValueError(f"domain {d!r} is routed to both {self.teachers[self._route[d]].name!r} "
                            f"and {t.name!r}")
         self._route[d] = i
-    fn = target_logits if want_logits else target_logprobs
-    self._fns = [jax.jit(functools.partial(fn, Transformer(t.cfg))) for t in self.teachers]
+    self._fns = [teacher_program(t.cfg, want_logits) for t in self.teachers]
 
   def teacher_of(self, domain: str) -> int:
     if domain not in self._route:
