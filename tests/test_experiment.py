@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from study_runs import phase_result, training_flops
+from study_runs import phase_result, study_compilation_cache, training_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +50,7 @@ def _main(args, workdir, cache, **kw):
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("jax_cache")
+  return study_compilation_cache(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -337,7 +337,8 @@ def test_kill9_grpo_and_opd_resume_exactly(study, cache, tmp_path):
   ends bitwise where the uninterrupted study fixture's did (same config, same compilation cache)."""
   ref, _ = study
   wd = tmp_path / "killed"
-  for phase in ("base", "joint_grpo"):  # finished under the same config: reused as they are
+  # Finished under the same config: reused as they are (expert_code is the GRPO phase killed).
+  for phase in ("base", "joint_grpo", "expert_math"):
     shutil.copytree(os.path.join(ref, "seed_0", phase), wd / "seed_0" / phase)
   # ...with the seed's FLOP grid of evaluations, which joint GRPO's first step fixed.
   shutil.copy(os.path.join(ref, "seed_0", "eval_interval.json"), wd / "seed_0")
@@ -347,7 +348,7 @@ def test_kill9_grpo_and_opd_resume_exactly(study, cache, tmp_path):
   env = dict(_env(cache), JAX_EXPLAIN_CACHE_MISSES="1")
   rng = np.random.default_rng(11)
   logs = []
-  for phase in ("expert_math", "mopd"):
+  for phase in ("expert_code", "mopd"):
     at = int(rng.integers(0, 2)) * 2   # resume from step 2 or 4 of 6 (checkpoint_every=2)
     ckdir = os.path.join(wd, "seed_0", phase, "checkpoints", "checkpoints")
     logs.append(tmp_path / f"killed_in_{phase}.log")

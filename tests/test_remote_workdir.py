@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from study_runs import study_compilation_cache
 from test_experiment import MINI
 
 from smjax import paths
@@ -29,13 +30,15 @@ ARGS = [f"--config={ROOT}/{a.split('=', 1)[1]}" if a.startswith("--config=") els
 ARGS.append("--config.phases=('base','joint')")
 
 
-def _run(tmp, script_args, **env):
+def _run(tmp, script_args, cache=None, **env):
   """`python tests/fake_gcs.py ARGS` (or other args) in the empty directory `tmp/cwd`, its temp
-  files in `tmp/tmp`, its bucket kept in `tmp/bucket.pkl` between runs."""
+  files in `tmp/tmp`, its bucket kept in `tmp/bucket.pkl` between runs; `cache`: a persistent
+  compilation cache (default `tmp/cache`)."""
   for d in ("cwd", "tmp", "cache"):
     (tmp / d).mkdir(exist_ok=True)
+  cache = cache or tmp / "cache"
   env = dict(os.environ, JAX_PLATFORMS="cpu", TMPDIR=str(tmp / "tmp"),
-             JAX_COMPILATION_CACHE_DIR=str(tmp / "cache"),
+             JAX_COMPILATION_CACHE_DIR=str(cache),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
              FAKE_GCS_STATE=str(tmp / "bucket.pkl"), **env)
@@ -58,9 +61,15 @@ def _no_url_dirs(root):
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
+def cache(tmp_path_factory):
+  """The compilation cache test_experiment's runs of the same miniature study fill."""
+  return study_compilation_cache(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory, cache):
   tmp = tmp_path_factory.mktemp("remote")
-  r = _run(tmp, [os.path.join(ROOT, "tests", "fake_gcs.py"), *ARGS, f"--workdir={BUCKET}"])
+  r = _run(tmp, [os.path.join(ROOT, "tests", "fake_gcs.py"), *ARGS, f"--workdir={BUCKET}"], cache)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   return tmp, r
 
@@ -106,12 +115,12 @@ def test_every_file_goes_to_the_bucket_and_none_to_the_local_disk(study):
           for f in os.listdir(tmp / "tmp")] == [True], os.listdir(tmp / "tmp")
 
 
-def test_a_rerun_reads_the_bucket_back(study):
+def test_a_rerun_reads_the_bucket_back(study, cache):
   """The same command again: every phase found finished in the bucket and reused (orbax restores
   its parameters from there), the report rewritten, still nothing local."""
   tmp, _ = study
   before = _bucket(tmp)
-  r = _run(tmp, [os.path.join(ROOT, "tests", "fake_gcs.py"), *ARGS, f"--workdir={BUCKET}"])
+  r = _run(tmp, [os.path.join(ROOT, "tests", "fake_gcs.py"), *ARGS, f"--workdir={BUCKET}"], cache)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   logs = [f for f in os.listdir(tmp / "tmp") if f.endswith(".log")]
   text = "".join(open(tmp / "tmp" / f).read() for f in logs)
