@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import numbers
 import os
@@ -604,7 +605,11 @@ def _run(what: str, kind: str, s: mlc.ConfigDict, model: Model, domains: dict[st
   heldout = _heldout(domains, s)
   max_new = _max_new_tokens(what, s, model, domains, heldout)
   tok, cfg = model.tokenizer, model.cfg
-  workdir = paths.resolve(workdir or tempfile.mkdtemp(prefix=f"smjax-{kind}-"))
+  if not workdir:   # said, not silent: a real model's checkpoints fill a temp directory fast
+    workdir = tempfile.mkdtemp(prefix=f"smjax-{kind}-")
+    logging.getLogger(__name__).warning(
+        "%s: no workdir= given; checkpoints and logs go to %s (not deleted)", what, workdir)
+  workdir = paths.resolve(workdir)
   tx, step, layout = _parts(kind, _step_items(s, kind), cfg)
   sampler = Sampler(cfg, max_new_tokens=max_new, eos_id=tok.eos_id, pad_id=tok.pad_id)
   verify = functools.partial(verify_batch, domains=domains)
@@ -658,8 +663,9 @@ def grpo(model, data, reward: Callable | None = None, *, config=None, eval_data=
   """GRPO of `model` on `data` scored by `reward` (module docstring for what each accepts).
 
   config / settings: `grpo_settings()`'s fields (kwargs win over config=). workdir: where the
-  checkpoints and logs go (default: a fresh temporary directory); a workdir that holds a
-  checkpoint of the same run resumes from it (a larger `steps` continues a finished run).
+  checkpoints and logs go (default: a fresh temporary directory, named in a logged warning and
+  not deleted); a workdir that holds a checkpoint of the same run resumes from it (a larger
+  `steps` continues a finished run).
   Returns a Result: the trained parameters, the FLOP ledger, the accuracy-vs-FLOPs curve
   (evaluated at the start, every `eval_every` steps and at the end) and the checkpoint."""
   s = _settings("smjax.grpo", grpo_settings(), config, settings)
