@@ -142,6 +142,12 @@ def test_report_command_rerenders_without_running(study, tmp_path, capsys):
     assert new["arms"][arm]["accuracy_mean"]["mean"] == a["accuracy_mean"]["mean"], arm
   with pytest.raises(FileNotFoundError, match="not a study workdir"):
     report_cli.main([str(tmp_path)])
+  # --seeds: a partial study's finished seeds only; a seed without a finished phase is refused.
+  assert report_cli.main([str(wd), f"--out={tmp_path / 'seed0'}", "--bootstrap=0",
+                          "--seeds=0"]) == 0
+  assert json.load(open(tmp_path / "seed0" / "report.json"))["arms"].keys() == old["arms"].keys()
+  with pytest.raises(ValueError, match=r"--seeds=0,3: .* finished phases of seeds \[0\] only"):
+    report_cli.main([str(wd), f"--out={tmp_path / 'x'}", "--seeds=0,3"])
 
 
 def test_flop_totals_add_up_across_phases(study):

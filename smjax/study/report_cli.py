@@ -5,6 +5,7 @@ without running or compiling anything.
   smjax report runs/demo                  # writes runs/demo/report/, prints the table
   smjax report runs/demo --out=/tmp/rep   # somewhere else
   smjax report runs/demo --bootstrap=0    # point estimates only (fast)
+  smjax report runs/two_full --seeds=0,1  # only these seeds (a study whose others are running)
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--out", default=None, help="where to write the report (default WORKDIR/report)")
   p.add_argument("--bootstrap", type=int, default=None,
                  help="bootstrap resamples (default: the study's config.report.bootstrap)")
+  p.add_argument("--seeds", default=None,
+                 help="comma-separated seeds to report (default: every seed that has finished "
+                 "a phase); a partial study's finished seeds, so that its intervals are over them")
   a = p.parse_args(argv)
   # pylint: disable=import-outside-toplevel
   from smjax.study.render import TERMINAL_WIDTH, format_table
@@ -43,6 +47,17 @@ def main(argv: list[str] | None = None) -> int:
   if not arms:
     raise ValueError(f"{a.workdir}: no seed has finished a phase yet (no seed_*/arms.json); "
                      "nothing to report")
+  if a.seeds is not None:
+    try:
+      seeds = sorted({int(x) for x in a.seeds.split(",") if x.strip()})
+    except ValueError:
+      raise ValueError(f"--seeds={a.seeds!r}: expected comma-separated integers, e.g. "
+                       "--seeds=0,1") from None
+    have = sorted({x.seed for x in arms})
+    if not seeds or not set(seeds) <= set(have):
+      raise ValueError(f"--seeds={a.seeds}: {a.workdir} has finished phases of seeds {have} "
+                       f"only")
+    arms = [x for x in arms if x.seed in seeds]
   report = make_report(config, arms, out)
   print(format_table(report, width=TERMINAL_WIDTH))  # report.txt: every column in full
   print(f"report: {report['paths']['json']}\nplot:   {report['paths']['plot']}")
