@@ -275,3 +275,21 @@ def test_a_mild_degradation_is_refused_naming_the_seed_and_the_values():
   # Read on the stop set, not the report set: a report-set drop alone does not count.
   with pytest.raises(DegradationError, match="seed 1"):
     check_degradation(c, 1, out(point(.99, report=.99)), out(point(.98, report=.5)))
+
+
+def test_the_phase_line_names_where_the_uncharged_flops_are():
+  """`phase X: done ...` says the training FLOPs and the rest by the namespaces they are under
+  (an RL phase's evaluations; a base's SFT and evaluations), by hand."""
+  from smjax.ledger import FlopLedger  # pylint: disable=import-outside-toplevel
+  from smjax.study.store import PhaseOutput, _flops  # pylint: disable=import-outside-toplevel
+  rl = FlopLedger()
+  rl.add_flops("rollout/decode", 3e9)
+  rl.add_flops("train/policy", 2e9)
+  rl.add_flops("eval/heldout", 4e9)
+  rl.add_flops("eval/stop", 1e9)
+  assert _flops(PhaseOutput(None, rl, [], {})) == "5e+09 training FLOPs, 5e+09 more in eval/*"
+  base = FlopLedger()
+  base.add_flops("base/sft", 7e12)
+  base.add_flops("eval/band", 2e11)
+  assert _flops(PhaseOutput(None, base, [], {})) == (
+      "0 training FLOPs, 7.2e+12 more in base/*, eval/*")
