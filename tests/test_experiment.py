@@ -148,6 +148,19 @@ def test_report_command_rerenders_without_running(study, tmp_path, capsys):
   assert json.load(open(tmp_path / "seed0" / "report.json"))["arms"].keys() == old["arms"].keys()
   with pytest.raises(ValueError, match=r"--seeds=0,3: .* finished phases of seeds \[0\] only"):
     report_cli.main([str(wd), f"--out={tmp_path / 'x'}", "--seeds=0,3"])
+  # A study still running: seed 1 has finished its base only; the report says which seeds to give.
+  part = tmp_path / "partial"
+  shutil.copytree(os.path.join(wd, "seed_0"), part / "seed_0", ignore=lambda d, names: [
+      n for n in names if n != "arms.json" and d.endswith("seed_0")])
+  shutil.copy(os.path.join(wd, "config.json"), part)
+  arms = json.load(open(part / "seed_0" / "arms.json"))
+  arms["arms"] = [dict(a, seed=1) for a in arms["arms"] if a["arm"] == "base"]
+  (part / "seed_1").mkdir()
+  (part / "seed_1" / "arms.json").write_text(json.dumps(arms))
+  capsys.readouterr()
+  assert report_cli.main([str(part), "--bootstrap=0"]) == 0
+  assert ("note: seeds [1] have not finished joint_grpo and split_merge yet; --seeds=0 reports "
+          "the ones that have") in capsys.readouterr().err
 
 
 def test_flop_totals_add_up_across_phases(study):

@@ -58,6 +58,16 @@ def main(argv: list[str] | None = None) -> int:
       raise ValueError(f"--seeds={a.seeds}: {a.workdir} has finished phases of seeds {have} "
                        f"only")
     arms = [x for x in arms if x.seed in seeds]
+  else:
+    # A study still running: seeds without the comparison's arms would be reported as gaps.
+    ref = config.report.reference_arm
+    have = sorted({x.seed for x in arms})
+    done = sorted({x.seed for x in arms if x.arm == ref} & {x.seed for x in arms
+                                                            if x.arm == "split_merge"})
+    if done and done != have:
+      print(f"note: seeds {sorted(set(have) - set(done))} have not finished {ref} and "
+            f"split_merge yet; --seeds={','.join(map(str, done))} reports the ones that have",
+            file=sys.stderr)
   report = make_report(config, arms, out)
   print(format_table(report, width=TERMINAL_WIDTH))  # report.txt: every column in full
   print(f"report: {report['paths']['json']}\nplot:   {report['paths']['plot']}")
