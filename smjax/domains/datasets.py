@@ -34,6 +34,7 @@ import os
 import re
 from typing import Any, Callable, Mapping
 
+from smjax.domains.records import _read_raw, location
 from smjax.rewards.math import last_boxed
 
 
@@ -227,11 +228,16 @@ def is_mbpp(rec: Any) -> bool:
           and "code" in rec and ("text" in rec or "prompt" in rec))
 
 
+def code_record(rec: Any, loc: str) -> Any:
+  """The study's code domain's `load_records(adapt=)`: an MBPP record in its own schema through
+  `mbpp_record`, any other as it is."""
+  return mbpp_record(rec, loc) if is_mbpp(rec) else rec
+
+
 # ----------------------------------------------------------------------------------- files
 
 def _json_file(path: str) -> list[tuple[str, Any]]:
   """A .json file: an array of records, one record, or JSON lines."""
-  from smjax.domains.records import _read_raw  # pylint: disable=import-outside-toplevel
   with open(path, "rb") as f:
     head = f.read(4096).lstrip()
   if head[:1] in (b"[", b"{"):
@@ -244,18 +250,12 @@ def _json_file(path: str) -> list[tuple[str, Any]]:
       return [(f"{path}: record {i + 1}", r) for i, r in enumerate(data)]
     if isinstance(data, dict):
       return [(path, data)]
-  return [(_loc(path, w), r) for w, r in _read_raw(path)]
-
-
-def _loc(path: str, where: str) -> str:
-  from smjax.domains.records import location  # pylint: disable=import-outside-toplevel
-  return location(path, where)
+  return [(location(path, w), r) for w, r in _read_raw(path)]
 
 
 def read_published(path: str) -> list[tuple[str, Any]]:
   """[(location, raw record)] of a published file or directory (module docstring): the location
   names the file and the line, row or record."""
-  from smjax.domains.records import _read_raw  # pylint: disable=import-outside-toplevel
   if os.path.isdir(path):
     files = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names
                    if n.endswith((".json", ".jsonl", ".jsonl.gz", ".parquet")))
@@ -265,7 +265,7 @@ def read_published(path: str) -> list[tuple[str, Any]]:
     return [x for f in files for x in read_published(f)]
   if path.endswith(".json") and os.path.exists(path):
     return _json_file(path)
-  return [(_loc(path, w), r) for w, r in _read_raw(path)]
+  return [(location(path, w), r) for w, r in _read_raw(path)]
 
 
 def read(dataset: str, path: str) -> list[dict]:

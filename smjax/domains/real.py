@@ -25,6 +25,7 @@ import zlib
 from typing import Any, Sequence
 
 from smjax.domains.base import Domain, Example, SandboxDomain, check_split
+from smjax.domains import datasets
 from smjax.domains.records import load_records
 from smjax.rewards.math import gold_answer, math_reward
 from smjax.rewards.sandbox import Job, Limits
@@ -55,6 +56,7 @@ class _FileDomain(Domain):
   """Shared split handling; subclasses define `kind`, `key_field` and `_example`."""
 
   kind = ""
+  _adapt = None   # load_records(adapt=): a raw record in a published schema -> the study's
   key_field = ""
 
   def __init__(self, path: str | None = None, *, train: str | None = None,
@@ -69,16 +71,16 @@ class _FileDomain(Domain):
   def records(self, split: str | None = None) -> Sequence[dict]:
     """Validated records of a split (None: every record of the file(s), in file order)."""
     if self.path is not None:
-      recs = load_records(self.path, self.kind)
+      recs = load_records(self.path, self.kind, self._adapt)
       if split is None:
         return recs
       return [r for r in recs if _held_out(r[self.key_field]) == (check_split(split) == "test")]
     if split is None:
       return [r for s in ("train", "test") if self.files[s]
-              for r in load_records(self.files[s], self.kind)]
+              for r in load_records(self.files[s], self.kind, self._adapt)]
     if self.files[check_split(split)] is None:
       raise ValueError(f"{self.name}: no {split} file was given")
-    return load_records(self.files[split], self.kind)
+    return load_records(self.files[split], self.kind, self._adapt)
 
   def all_examples(self) -> list[Example]:
     return [self._example(r) for r in self.records(None)]
@@ -143,6 +145,7 @@ class JsonlCodeDomain(SandboxDomain, _FileDomain):
   """{prompt, tests, entry_point} records verified in the sandbox."""
 
   kind, key_field = "code", "prompt"
+  _adapt = staticmethod(datasets.code_record)   # MBPP's own schema read as it is published
 
   def __init__(self, path: str | None = None, *, limits: Limits = CODE_LIMITS, **files: Any):
     super().__init__(path, **files)

@@ -1,9 +1,9 @@
 """Loading and validating task records from local JSONL (.jsonl, .jsonl.gz) or Parquet files.
 
 A malformed record is an error that names the file, the line (JSONL) or row (Parquet), and the
-missing or ill-typed field with what was expected. Code records in MBPP's own schema ({text, code,
-test_list}) are read through its reader (smjax.domains.datasets), which names the function its
-tests call in the prompt; GSM8K, MATH and HumanEval records are read as they are published.
+missing or ill-typed field with what was expected. A caller may adapt each raw record before it is
+checked (`load_records(..., adapt=)`: the code domain reads MBPP's own schema so, through
+smjax.domains.datasets); this module knows no published data set.
 """
 
 from __future__ import annotations
@@ -112,14 +112,13 @@ def _check(path: str, where: str, rec: Any, schema: Schema) -> dict:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime: float, schema_key: str) -> tuple[dict, ...]:
+def _load_cached(path: str, mtime: float, schema_key: str, adapt) -> tuple[dict, ...]:
   del mtime  # part of the cache key only
   schema = {"math": MATH_SCHEMA, "code": CODE_SCHEMA}[schema_key]
   recs = []
-  from smjax.domains import datasets  # pylint: disable=import-outside-toplevel
   for where, rec in _read_raw(path):
-    if schema_key == "code" and datasets.is_mbpp(rec):   # MBPP's own schema: its reader
-      rec = datasets.mbpp_record(rec, location(path, where))
+    if adapt is not None:
+      rec = adapt(rec, location(path, where))
     rec = _check(path, where, rec, schema)
     rec["_where"] = f"{path}:{where}"
     recs.append(rec)
@@ -129,11 +128,13 @@ def _load_cached(path: str, mtime: float, schema_key: str) -> tuple[dict, ...]:
   return tuple(recs)
 
 
-def load_records(path: str, kind: str) -> Sequence[dict]:
+def load_records(path: str, kind: str, adapt=None) -> Sequence[dict]:
   """Validated records of `kind` "math" ({question, answer}) or "code" ({prompt, tests,
-  entry_point}); each gets `_where` = "file:line N" / "file:row N". Cached per file version."""
+  entry_point}); each gets `_where` = "file:line N" / "file:row N". Cached per file version.
+  `adapt(raw record, its location) -> record`, when given, runs on each record before the check
+  (a module-level function: it is part of the cache key)."""
   if kind not in ("math", "code"):
     raise ValueError(f"kind={kind!r} must be 'math' or 'code'")
   path = os.path.abspath(os.path.expanduser(path))
   mtime = os.path.getmtime(path) if os.path.exists(path) else 0.0
-  return _load_cached(path, mtime, kind)
+  return _load_cached(path, mtime, kind, adapt)
