@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 # the long ones start at once on the two workers and the short ones fill in behind them,
 # instead of a long one starting last and running alone.
 SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_study_hf.py",
+              "test_strong_to_weak.py",
               "test_layouts.py", "test_benchmarks.py", "test_learning.py", "test_sharded_steps.py",
               "test_precheck.py", "test_lowering.py", "test_checkpoint.py", "test_distributed.py",
               "test_mesh_compile_once.py", "test_transformer.py", "test_rollout_decode.py")

@@ -17,6 +17,13 @@ def math_truth(prompt):
   return (a + b if op == "+" else a - b), (3 * digit_sum(a) + digit_sum(b)) % 5 == 0
 
 
+def math_sum_truth(prompt):
+  """The chain form's hard level "a+b+c=": the sum; held out iff the terms' digit sums add to
+  0 mod 5 (in any order of the terms)."""
+  terms = [int(t) for t in re.fullmatch(r"(\d+)\+(\d+)\+(\d+)=", prompt).groups()]
+  return sum(terms), sum(digit_sum(t) for t in terms) % 5 == 0
+
+
 def logic_truth(prompt):
   """Topological order of the chain; held-out iff CRC(template) % 4 == 0."""
   links = prompt[:-1].split(",")

@@ -1,7 +1,8 @@
 """The toy domains' chain form (smjax.domains.chains): checked against chains written here from
 the docstrings' formats with plain arithmetic, answers and split rules re-derived from the prompt
 text (tests/domain_truths.py); the verifier reads the final answer only; mistakes, the base's
-mixture rate, disjoint splits, errors; the short form unchanged."""
+mixture rate, disjoint splits, errors; the hard level's sites and kinds; the short form
+unchanged."""
 
 import collections
 import hashlib
@@ -13,9 +14,10 @@ import re
 import numpy as np
 import pytest
 
-from domain_truths import digit_sum, logic_truth, strings_truth
+from domain_truths import digit_sum, logic_truth, math_sum_truth, strings_truth
 from smjax.domains import get_domain
 from smjax.domains.base import Example
+from smjax.domains.chains import HARD_MIN_SITES
 from smjax.models.tokenizer import CharTokenizer
 from smjax.rewards.sandbox import SandboxPool
 
@@ -31,7 +33,8 @@ def pool():
 # ================================================================================ chain form
 # The chain form (smjax.domains.chains) is checked against chains written here from the
 # docstrings' formats with plain arithmetic, and answers re-derived from the prompt text.
-CHAIN_MAX = {"math": 2, "code": 1, "logic": 2, "strings": 2}  # max difficulty in the chain form
+CHAIN_MAX = {"math": 3, "code": 3, "logic": 3, "strings": 3}  # max difficulty in the chain form
+HARD = 3   # the hard level: >= HARD_MIN_SITES sites of >= 2 kinds in every example
 
 
 def _chain_dom(name, d=1):
@@ -40,6 +43,11 @@ def _chain_dom(name, d=1):
 
 def _digit(n, i):
   return n // 10 ** i % 10
+
+
+def _kinds(**counts):
+  """Sites by kind, the kinds without a site left out (as Counter(dom.chain_site_kinds(e)))."""
+  return collections.Counter({k: v for k, v in counts.items() if v})
 
 
 def ref_math_chain(a, b, width):
@@ -52,6 +60,34 @@ def ref_math_chain(a, b, width):
     carry = s // 10
     carries += carry
   return "".join(parts) + f"#{a + b}", carries
+
+
+def ref_sum3_chain(a, b, c):
+  """Three 3-digit terms by columns, units first: "a_i+b_i+c_i+carry=digit,carry_out;", then
+  #a+b+c; and the sites by kind: each carry out of 1 or 2 may be dropped ("carry"), each carry
+  out of 2 taken as 1 ("carry2")."""
+  parts, carry, kinds = [], 0, collections.Counter()
+  for i in range(3):
+    s = _digit(a, i) + _digit(b, i) + _digit(c, i) + carry
+    parts.append(f"{_digit(a, i)}+{_digit(b, i)}+{_digit(c, i)}+{carry}={s % 10},{s // 10};")
+    carry = s // 10
+    kinds.update(["carry"] * (carry > 0) + ["carry2"] * (carry == 2))
+  return "".join(parts) + f"#{a + b + c}", kinds
+
+
+def ref_code_signed_chain(x, y, width):
+  """Difficulty 2-3: "y-x:" when y >= x (program x+c) or "x-y:" (program x-c), then the larger
+  minus the smaller by columns, units first; and the sites by kind: the sign when x != y, and
+  each borrow."""
+  top, low = max(x, y), min(x, y)
+  head, program = ("y-x:", f"x+{y - x}") if y >= x else ("x-y:", f"x-{x - y}")
+  parts, borrow, borrows = [head], 0, 0
+  for i in range(width):
+    d = _digit(top, i) - _digit(low, i) - borrow
+    out = int(d < 0)
+    parts.append(f"{_digit(top, i)}-{_digit(low, i)}-{borrow}={d % 10},{out};")
+    borrow, borrows = out, borrows + out
+  return "".join(parts) + f"#{program}", _kinds(sign=int(x != y), borrow=borrows)
 
 
 def ref_code_chain(x, y, width=3):
@@ -93,23 +129,36 @@ def ref_strings_chain(word):
 
 
 def code_chain_truth(prompt):
-  """(x, y, c, held_out) from a chain-form code prompt "f(023)=058;f(x)="."""
-  x, y = map(int, re.fullmatch(r"f\((\d{3})\)=(\d{3});f\(x\)=", prompt).groups())
+  """(x, y, c, held_out) from a chain-form code prompt "f(023)=058;f(x)=" (3 or 4 digits): f(x) =
+  x + c, c < 0 for the x-c of difficulty 2-3; held out by (the smaller of x and y, |c|), so that
+  f(x)=y and its mirror f(y)=x share a split."""
+  x, y = map(int, re.fullmatch(r"f\((\d{3,4})\)=(\d{3,4});f\(x\)=", prompt).groups())
   c = y - x
-  return x, y, c, (3 * digit_sum(x) + digit_sum(c)) % 5 == 0
+  return x, y, c, (3 * digit_sum(min(x, y)) + digit_sum(abs(c))) % 5 == 0
 
 
-def chain_truth(name, prompt):
-  """(the gold chain written here, its number of sites, the answer, held_out, split key)."""
+def _truth(name, prompt, d):
+  """(the gold chain written here, its sites by kind, the answer, held_out, split key) of an
+  example of chain-form difficulty d."""
   if name == "math":
+    if prompt.count("+") == 2:   # the hard level: three 3-digit terms
+      terms = tuple(map(int, re.fullmatch(r"(\d{3})\+(\d{3})\+(\d{3})=", prompt).groups()))
+      total, held = math_sum_truth(prompt)
+      chain, kinds = ref_sum3_chain(*terms)
+      return chain, kinds, str(total), held, tuple(sorted(terms))  # any order: one split
     a, b = map(int, re.fullmatch(r"(\d+)\+(\d+)=", prompt).groups())
     width = len(re.match(r"\d+", prompt).group())
     chain, sites = ref_math_chain(a, b, width)
-    return chain, sites, str(a + b), (3 * digit_sum(a) + digit_sum(b)) % 5 == 0, (a, b)
+    return (chain, _kinds(carry=sites), str(a + b),
+            (3 * digit_sum(a) + digit_sum(b)) % 5 == 0, (a, b))
   if name == "code":
     x, y, c, held = code_chain_truth(prompt)
-    chain, sites = ref_code_chain(x, y)
-    return chain, sites, f"x+{c}", held, (x, c)
+    if d >= 2:
+      chain, kinds = ref_code_signed_chain(x, y, len(re.search(r"\d+", prompt).group()))
+    else:
+      chain, borrows = ref_code_chain(x, y)
+      kinds = _kinds(borrow=borrows)
+    return chain, kinds, f"x+{c}" if c >= 0 else f"x-{-c}", held, (min(x, y), abs(c))
   if name == "logic":
     order, held = logic_truth(prompt)
     links = prompt[:-1].split(",")
@@ -118,18 +167,38 @@ def chain_truth(name, prompt):
                 + "".join("1" if l[1] == ">" else "0" for l in links))
     chain, sites = ref_logic_chain(prompt)
     assert chain.endswith("#" + order)  # the pieces end as the order logic_truth derives
-    return chain, sites, order, held, template
+    reads = sum(l[1] == ">" for l in links) if d == HARD else 0   # '>' links read as '<'
+    return chain, _kinds(order=sites, read=reads), order, held, template
   word = re.fullmatch(r"count:([a-z]+)=", prompt).group(1)
   answer, held = strings_truth(prompt)
   chain, sites = ref_strings_chain(word)
-  return chain, sites, answer, held, word
+  seen = "".join(dict.fromkeys(word))   # letters in the order first seen
+  # Hard level: a letter first seen after one that comes later alphabetically may be listed
+  # where it was seen.
+  sorts = sum(any(p > ch for p in seen[:i]) for i, ch in enumerate(seen)) if d == HARD else 0
+  return chain, _kinds(count=sites, sort=sorts), answer, held, word
+
+
+def chain_truth(name, prompt, d=1):
+  """(the gold chain written here, its number of sites, the answer, held_out, split key)."""
+  chain, kinds, answer, held, key = _truth(name, prompt, d)
+  return chain, sum(kinds.values()), answer, held, key
+
+
+def kinds_truth(name, prompt, d=1):
+  """The example's sites by kind, counted here."""
+  return _truth(name, prompt, d)[1]
+
+
+def _d(e):
+  return e.metadata.get("difficulty", 1)
 
 
 def wrong_answer(name, answer):
   if name == "math":
     return str(int(answer) + 1)
   if name == "code":
-    return f"x+{int(answer[2:]) + 1}"
+    return f"x{answer[1]}{int(answer[2:]) + 1}"
   if name == "logic":
     return answer[::-1]
   return answer[:-1] + str(int(answer[-1]) % 9 + 1)  # strings: the last letter's count changed
@@ -146,14 +215,15 @@ def test_chain_gold_solutions_match_independent_chains(name, d, pool):
   n = 150 if name == "code" else 400
   exs = dom.generate("train", n, 5) + dom.generate("test", n, 5)
   for e in exs:
-    chain, sites, answer, _, _ = chain_truth(name, e.prompt)
+    chain, sites, answer, _, _ = chain_truth(name, e.prompt, d)
     assert e.solution == chain, (e.prompt, e.solution, chain)
     assert e.solution.count("#") == 1 and "\n" not in e.solution
     assert dom.extract_answer(e.solution) == answer == e.solution.split("#")[1]
     assert dom.chain_sites(e) == sites, (e.prompt, dom.chain_sites(e), sites)
+    assert collections.Counter(dom.chain_site_kinds(e)) == kinds_truth(name, e.prompt, d)
     assert tok.decode(tok.encode(e.prompt + e.solution)) == e.prompt + e.solution
     assert e.metadata["difficulty"] == d
-    if name == "code":  # the hidden tests are f(x) = x + c on every input
+    if name == "code":  # the hidden tests are f(x) = x + c on every input (c < 0: x - |c|)
       c = code_chain_truth(e.prompt)[2]
       assert e.reference["outputs"] == [x + c for x in e.reference["inputs"]]
       assert len(e.reference["inputs"]) == 5
@@ -167,7 +237,8 @@ def test_chain_gold_solutions_match_independent_chains(name, d, pool):
 
 @pytest.mark.parametrize("name,d", CHAIN_CASES)
 def test_chain_length_before_answer(name, d):
-  """The chain before '#' is 10 chars per math column, 10 per code column (3 columns), 3 per
+  """The chain before '#' is 10 chars per math column (12 with three terms), 10 per code column
+  (3 columns; 4 at the hard level, after 4 for "y-x:" or "x-y:" from difficulty 2), 3 per
   strings letter, and per logic link 5 plus the piece it makes (2 to n items, n = d + 4):
   >= 24 chars at difficulty >= 1 (difficulty 0: math 20, strings 18, logic 23 or more, below
   the ~24 of smjax.domains.chains' docstring)."""
@@ -193,15 +264,52 @@ def test_chain_length_before_answer(name, d):
     assert len(lengths) > 1   # the length depends on the order the links are listed in
     want = min(lengths)
   else:
-    want = {"math": 10 * (d + 2), "code": 30, "strings": 3 * (6, 8, 9)[d]}[name]
+    want = {"math": (20, 30, 40, 36)[d], "code": (30, 30, 34, 44)[d],
+            "strings": 3 * (6, 8, 9, 10)[d]}[name]
     assert lengths == {want}
   if d >= 1:
     assert want >= 24
 
 
-# Worked by hand from the module docstrings: (domain, example, gold chain, chain with every site
-# flawed, sites).
+# Worked by hand from the module docstrings: (domain, difficulty, example, gold chain, chain with
+# every site flawed, sites).
 def _hand_examples():
+  ex = lambda name, prompt, ref, **meta: Example(prompt=prompt, reference=ref, solution="",
+                                                  domain=name, metadata=meta)
+  return [(name, 1, *case) for name, *case in _hand_examples_d1()] + [
+      # Three terms: a carry of 2 is two sites; dropped wins over taken as 1.
+      ("math", HARD, ex("math", "573+089+264=", 926, a=573, b=89, c=264, op="+", width=3),
+       "3+9+4+0=6,1;7+8+6+1=2,2;5+0+2+2=9,0;#926",
+       "3+9+4+0=6,1;7+8+6+0=1,2;5+0+2+0=7,0;#716", 3),
+      ("math", HARD, ex("math", "999+999+999=", 2997, a=999, b=999, c=999, op="+", width=3),
+       "9+9+9+0=7,2;9+9+9+2=9,2;9+9+9+2=9,2;#2997",
+       "9+9+9+0=7,2;9+9+9+0=7,2;9+9+9+0=7,2;#777", 6),   # the leading 2 dropped
+      # The sign flawed: the smaller minus the larger, a final borrow left over: x+(1000-65).
+      ("code", 2, ex("code", "f(147)=082;f(x)=", {"inputs": [147, 0], "outputs": [82, -65]},
+                     width=3, signed=True),
+       "x-y:7-2-0=5,0;4-8-0=6,1;1-0-1=0,0;#x-65",
+       "y-x:2-7-0=5,1;8-4-0=4,0;0-1-0=9,1;#x+945", 2),
+      ("code", 2, ex("code", "f(082)=082;f(x)=", {"inputs": [82, 0], "outputs": [82, 0]},
+                     width=3, signed=True),
+       "y-x:2-2-0=0,0;8-8-0=0,0;0-0-0=0,0;#x+0", "y-x:2-2-0=0,0;8-8-0=0,0;0-0-0=0,0;#x+0", 0),
+      ("code", HARD, ex("code", "f(0473)=2128;f(x)=",
+                        {"inputs": [473, 0], "outputs": [2128, 1655]}, width=4, signed=True),
+       "y-x:8-3-0=5,0;2-7-0=5,1;1-4-1=6,1;2-0-1=1,0;#x+1655",
+       "x-y:3-8-0=5,1;7-2-0=5,0;4-1-0=3,0;0-2-0=8,1;#x-8355", 3),
+      # A misread '>' link: restated and assembled reversed; its order site then changes nothing.
+      ("logic", HARD, ex("logic", "p<d,j>l,s<n,s>a,d<a,n<l:", "pdasnlj", read_sites=True),
+       "p<d:pd;l<j:lj;s<n:sn;a<s:asn;d<a:pdasn;n<l:pdasnlj;#pdasnlj",
+       "p<d:dp;j<l:jl;s<n:ns;s<a:nsa;d<a:nsadp;n<l:jlnsadp;#jlnsadp", 8),
+      # Every letter placed where it was first seen: x c g s b.
+      ("strings", HARD, ex("strings", "count:xcxgccgsbg=", "b1c3g3s1x2", word="xcxgccgsbg",
+                           sort_sites=True),
+       "x1;c1;x2;g1;c2;c3;g2;s1;b1;g3;#b1c3g3s1x2",
+       "x1;c1;x1;g1;c1;c1;g1;s1;b1;g1;#x1c1g1s1b1", 9),
+  ]
+
+
+def _hand_examples_d1():
+  """The difficulty 0-2 cases: (domain, example, gold chain, every site flawed, sites)."""
   ex = lambda name, prompt, ref, **meta: Example(prompt=prompt, reference=ref, solution="",
                                                   domain=name, metadata=meta)
   return [
@@ -232,12 +340,13 @@ def _hand_examples():
 
 def test_chain_hand_written_examples(pool):
   code_cases = []
-  for name, e, gold, flawed, sites in _hand_examples():
-    dom = _chain_dom(name)
+  for name, d, e, gold, flawed, sites in _hand_examples():
+    dom = _chain_dom(name)   # the example's metadata says how its chain is written
     assert dom.chain_solution(e, lambda s: False) == gold, (e.prompt, gold)
     assert dom.chain_solution(e, lambda s: True) == flawed, (e.prompt, flawed)
-    assert dom.chain_sites(e) == sites, e.prompt
-    assert chain_truth(name, e.prompt)[:2] == (gold, sites)  # the writers here agree
+    assert dom.chain_sites(e) == sites == len(dom.chain_site_kinds(e)), e.prompt
+    assert chain_truth(name, e.prompt, d)[:2] == (gold, sites)  # the writers here agree
+    assert collections.Counter(dom.chain_site_kinds(e)) == kinds_truth(name, e.prompt, d)
     if name == "code":
       code_cases += [(e, gold, 1.0), (e, flawed, float(sites == 0))]
     else:
@@ -250,10 +359,49 @@ def test_chain_hand_written_examples(pool):
   assert dom.verify_many(list(exs), list(comps), pool=pool) == list(want)
 
 
+# The hard level's examples above with the sites of one kind flawed (or the sites listed), by
+# hand: (prompt, kind or site indices, chain).
+ONE_KIND = [
+    ("573+089+264=", "carry", "3+9+4+0=6,1;7+8+6+0=1,2;5+0+2+0=7,0;#716"),
+    ("573+089+264=", "carry2", "3+9+4+0=6,1;7+8+6+1=2,2;5+0+2+1=8,0;#826"),
+    ("999+999+999=", "carry2", "9+9+9+0=7,2;9+9+9+1=8,2;9+9+9+1=8,2;#1887"),  # each 2 as 1
+    ("f(147)=082;f(x)=", "sign", "y-x:2-7-0=5,1;8-4-1=3,0;0-1-0=9,1;#x+935"),  # 1000 - 65
+    ("f(147)=082;f(x)=", "borrow", "x-y:7-2-0=5,0;4-8-0=6,1;1-0-0=1,0;#x-165"),
+    ("f(0473)=2128;f(x)=", "sign", "x-y:3-8-0=5,1;7-2-1=4,0;4-1-0=3,0;0-2-0=8,1;#x-8345"),
+    ("f(0473)=2128;f(x)=", "borrow", "y-x:8-3-0=5,0;2-7-0=5,1;1-4-0=7,1;2-0-0=2,0;#x+2755"),
+    ("p<d,j>l,s<n,s>a,d<a,n<l:", "read",
+     "p<d:pd;j<l:jl;s<n:sn;s<a:sna;d<a:pdsna;n<l:pdsnajl;#pdsnajl"),
+    ("p<d,j>l,s<n,s>a,d<a,n<l:", "order",
+     "p<d:dp;l<j:jl;s<n:ns;a<s:nsa;d<a:nsadp;n<l:jlnsadp;#jlnsadp"),
+    ("count:xcxgccgsbg=", "sort", "x1;c1;x2;g1;c2;c3;g2;s1;b1;g3;#x2c3g3s1b1"),
+    ("count:xcxgccgsbg=", "count", "x1;c1;x1;g1;c1;c1;g1;s1;b1;g1;#b1c1g1s1x1"),
+    # Only c (first seen after x) placed where seen; g, s and b then go before the first
+    # letter after them: g before x, s before x, b before g.
+    ("count:xcxgccgsbg=", (5,), "x1;c1;x2;g1;c2;c3;g2;s1;b1;g3;#b1g3s1x2c3"),
+]
+
+
+@pytest.mark.parametrize("prompt,which,want", ONE_KIND)
+def test_hard_level_flaws_of_one_kind(prompt, which, want, pool):
+  """Each kind of site alone makes the final answer wrong, carried on as the docstrings say."""
+  name, _, e, gold, _, _ = next(h for h in _hand_examples() if h[2].prompt == prompt)
+  dom = _chain_dom(name)
+  kinds = dom.chain_site_kinds(e)
+  sites = ({i for i, k in enumerate(kinds) if k == which} if isinstance(which, str)
+           else set(which))
+  assert sites and (isinstance(which, str) or len(sites) < kinds.count("sort"))
+  assert dom.chain_solution(e, lambda s: s in sites) == want
+  assert dom.extract_answer(want) != dom.extract_answer(gold)
+  if name == "code":
+    assert dom.verify_many([e, e], [want, gold], pool=pool) == [0.0, 1.0]
+  else:
+    assert (dom.verify(e, want), dom.verify(e, gold)) == (0.0, 1.0)
+
+
 def _chain_completions(dom, name, e):
   """(completion, expected reward) for one example: only the final answer after the last '#' on
   the first line counts."""
-  chain, _, answer, _, _ = chain_truth(name, e.prompt)
+  chain, _, answer, _, _ = chain_truth(name, e.prompt, _d(e))
   body = chain.split("#")[0]
   flawed_body = dom.chain_solution(e, lambda s: True).split("#")[0]
   wrong = wrong_answer(name, answer)
@@ -281,9 +429,11 @@ def _chain_completions(dom, name, e):
   return cases
 
 
-@pytest.mark.parametrize("name", TOY)
-def test_chain_verifier_reads_the_final_answer_only(name, pool):
-  dom = _chain_dom(name)
+@pytest.mark.parametrize("name,d", [(n, d) for n in TOY for d in (1, HARD)] + [("code", 2)])
+def test_chain_verifier_reads_the_final_answer_only(name, d, pool):
+  """A right chain scores 1, a wrong (or flawed) chain ending in the right answer scores 1, a
+  truncated chain or a wrong answer 0."""
+  dom = _chain_dom(name, d)
   exs = dom.generate("train", 15, 2) + dom.generate("test", 15, 2)
   flat = [(e, comp, want) for e in exs for comp, want in _chain_completions(dom, name, e)]
   if name == "code":
@@ -303,7 +453,7 @@ def test_chain_mistakes(name, d, pool):
   exs = dom.generate("train", n, 9) + dom.generate("test", n, 9)
   flawed = []
   for e in exs:
-    _, sites, answer, _, _ = chain_truth(name, e.prompt)
+    _, sites, answer, _, _ = chain_truth(name, e.prompt, d)
     asked = []
     assert dom.chain_solution(e, lambda s: asked.append(s) or False) == e.solution
     assert asked == list(range(sites)) and dom.chain_sites(e) == sites
@@ -319,19 +469,21 @@ def test_chain_mistakes(name, d, pool):
     assert dom.verify_many(exs, flawed, pool=pool) == want
   else:
     assert [dom.verify(e, c) for e, c in zip(exs, flawed)] == want
-  if name in ("logic", "strings"):
-    assert min(want) == max(want) == 0.0  # every logic / strings chain has a site
-  else:
-    assert 0 < sum(want) < len(want)
+  if name in ("logic", "strings") or d == HARD:
+    assert min(want) == max(want) == 0.0  # every logic / strings / hard chain has a site
+  else:   # (code difficulty 2: only c = 0, x == y, has no site)
+    assert 0 < sum(want) < len(want) / (20 if (name, d) == ("code", 2) else 1)
 
 
 def _is_correct(name, e, completion):
-  return _chain_dom(name).extract_answer(completion) == chain_truth(name, e.prompt)[2]
+  return _chain_dom(name).extract_answer(completion) == chain_truth(name, e.prompt, _d(e))[2]
 
 
-@pytest.mark.parametrize("name", TOY)
-def test_sample_solution_correct_fraction(name, pool):
-  dom = _chain_dom(name)
+@pytest.mark.parametrize("name,d", [(n, d) for n in TOY for d in (1, HARD)])
+def test_sample_solution_correct_fraction(name, d, pool):
+  """Sites flawed independently: correct at the mixture's rate p (within binomial noise), at
+  the hard level too, where every chain has several sites of two kinds."""
+  dom = _chain_dom(name, d)
   exs = [e for e in dom.generate("train", 1500, 11) + dom.generate("test", 1500, 11)
          if dom.chain_sites(e) > 0][:2000]
   assert len(exs) >= 1500
@@ -375,11 +527,13 @@ def test_sample_solution_without_sites_is_always_correct(name, pool):
     assert all(dom.verify(e, e.solution) == 1.0 for e in exs)
 
 
-@pytest.mark.parametrize("name,d", [(n, d) for n in TOY for d in sorted({1, CHAIN_MAX[n]})])
+@pytest.mark.parametrize("name,d", [(n, d) for n in TOY for d in sorted({1, 2, CHAIN_MAX[n]})])
 def test_chain_splits_disjoint_by_construction(name, d):
+  """No held-out prompt is trained on, nor (math's three terms) any reordering of one, nor (code)
+  its mirror f(y)=x."""
   dom = _chain_dom(name, d)
   train, test = dom.generate("train", 3000, 0), dom.generate("test", 3000, 0)
-  truths = {split: [chain_truth(name, e.prompt) for e in exs]
+  truths = {split: [chain_truth(name, e.prompt, d) for e in exs]
             for split, exs in (("train", train), ("test", test))}
   assert not any(t[3] for t in truths["train"])  # the held-out rule fails on every train example
   assert all(t[3] for t in truths["test"])  # and holds on every test example
@@ -392,10 +546,53 @@ def test_chain_splits_disjoint_by_construction(name, d):
         t[4] for t in truths["train"] + truths["test"]]
 
 
+@pytest.mark.parametrize("name", TOY)
+def test_levels_add_sites_and_the_hard_level_has_several_of_two_kinds(name):
+  """Mean sites per example grow with the difficulty; at the hard level every example has
+  >= HARD_MIN_SITES sites of >= 2 kinds (counted here, and as the domain reports them)."""
+  means = []
+  for d in range(CHAIN_MAX[name] + 1):
+    dom = _chain_dom(name, d)
+    exs = dom.generate("train", 1000, 3) + dom.generate("test", 500, 3)
+    kinds = [kinds_truth(name, e.prompt, d) for e in exs]
+    assert [collections.Counter(dom.chain_site_kinds(e)) for e in exs] == kinds
+    means.append(np.mean([sum(k.values()) for k in kinds]))
+    if d == HARD:
+      assert min(sum(k.values()) for k in kinds) >= HARD_MIN_SITES
+      assert min(len(k) for k in kinds) == 2, name
+    else:   # the lower levels keep their one kind (code difficulty 2 adds the sign)
+      assert max(len(k) for k in kinds) == 1 + ((name, d) == ("code", 2))
+  assert all(a < b for a, b in zip(means, means[1:])), (name, means)
+  assert means[HARD] >= HARD_MIN_SITES
+
+
+# (max prompt, max chain) characters per chain-form difficulty 0-3, as the module docstrings say.
+LENGTHS = {"math": ((6, 24), (8, 35), (10, 46), (12, 41)),
+           "code": ((16, 34), (16, 35), (16, 39), (18, 51)),
+           "logic": ((12, 29), (16, 40), (20, 52), (24, 65)),
+           "strings": ((13, 25), (15, 33), (16, 38), (17, 43))}
+
+
+@pytest.mark.parametrize("name", TOY)
+def test_chain_lengths_as_documented(name):
+  """The longest prompt and chain (answer mark and answer included) of each level, which the
+  study's model.max_seq_len and rl.max_new_tokens must fit, are the documented ones."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  doc = " ".join(importlib.import_module(f"smjax.domains.toy_{name}").__doc__.split())
+  prompts, chains_ = zip(*LENGTHS[name])
+  assert (f"prompts of at most {', '.join(map(str, prompts[:3]))} and {prompts[3]}; chains of "
+          f"at most {', '.join(map(str, chains_[:3]))} and {chains_[3]}") in doc
+  for d, (prompt_max, chain_max) in enumerate(LENGTHS[name]):
+    dom = _chain_dom(name, d)
+    exs = dom.generate("train", 2000, 0) + dom.generate("test", 1000, 0)
+    assert max(len(e.prompt) for e in exs) == prompt_max, (name, d)
+    assert max(len(e.solution) for e in exs) == chain_max, (name, d)
+
+
 def test_chain_form_errors():
-  with pytest.raises(ValueError, match=r"code: difficulty=3 must be an int in \[0, 1\] in the "
+  with pytest.raises(ValueError, match=r"code: difficulty=4 must be an int in \[0, 3\] in the "
                                        r"chain form"):
-    get_domain("code", difficulty=3, form="chain")
+    get_domain("code", difficulty=4, form="chain")
   for name in TOY:
     top = CHAIN_MAX[name]
     _chain_dom(name, top)

@@ -441,13 +441,20 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   from smjax.study.config import RUN_NEUTRAL_FIELDS  # pylint: disable=import-outside-toplevel
   reads = {spec.name: set(ph.read_fields(spec)) for spec in (
       ph.BASE, ph.JOINT, ph.EXPERT, ph.MOPD, ph.EXTERNAL_TEACHER, ph.EXTERNAL_OPD, ph.DEGRADE,
-      ph.RECOVER_SELF, ph.RECOVER_EXTERNAL, ph.RECOVER_GRPO, ph.CONTROL_TEACHER, ph.CONTROL_OPD)}
+      ph.RECOVER_SELF, ph.RECOVER_EXTERNAL, ph.RECOVER_GRPO, ph.CONTROL_TEACHER, ph.CONTROL_OPD,
+      ph.BASE_STRONG, ph.JOINT_STRONG)}
   common = set(ph.COMMON_READS)
   assert reads["base"] == common | {"base"}
   assert reads["joint_grpo"] == common | {"base", "rl", "joint"}
-  # An expert keeps checkpoints at bars of joint GRPO's gain; MOPD reads where they stopped.
-  assert reads["expert_"] == common | {"base", "rl", "joint", "experts", "report.reference_arm",
-                                       "run_on"}
+  # Strong-to-weak: the experts' bigger model (experts.preset) SFT'd as the base is, and joint
+  # GRPO on it; neither reads the experts' other fields, nor does the student's base or joint.
+  assert reads["base_strong"] == common | {"base", "experts.preset"}
+  assert reads["joint_grpo_strong"] == common | {"base", "experts.preset", "rl", "joint"}
+  assert not any(f.startswith("experts") for f in reads["base"] | reads["joint_grpo"])
+  # An expert keeps checkpoints at bars of joint GRPO's gain (from its own base: base_strong
+  # with experts.preset set); MOPD reads where they stopped.
+  assert reads["expert_"] == common | {"base", "rl", "joint", "experts", "experts.preset",
+                                       "report.reference_arm", "run_on"}
   assert reads["mopd"] == reads["expert_"] | {"opd", "mopd"}
   assert "stop_size" in common and "report.levels" not in set().union(*reads.values())
   assert "opd" not in reads["expert_"]

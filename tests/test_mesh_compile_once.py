@@ -38,6 +38,8 @@ def _config(**rl):
   c = study_defaults()
   c.heldout_size = 4
   c.stop_size = 4
+  # Short answers: T new tokens hold them (a chain would be refused at start as cut off).
+  c.form = "short"
   c.rl.samples_per_prompt, c.rl.max_new_tokens = G, T
   for k, v in rl.items():
     c.rl[k] = v

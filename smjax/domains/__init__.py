@@ -1,7 +1,10 @@
 """Domains with verifiable rewards, and their registry.
 
 Names understood by `get_domain(name, **kwargs)`:
-  "math", "code", "logic", "strings"   toy domains for tiny char-level models (kwarg difficulty=)
+  "math", "code", "logic", "strings"   toy domains for tiny char-level models (kwargs difficulty=,
+                                        form=); math and code share a skill (column rules)
+  "add", "sub"                          toy domains built to interfere: one prompt and chain form,
+                                        a+b or a-b told apart by a tag (smjax.domains.toy_tagged)
   "rg:<dataset>"                        any reasoning_gym dataset (kwargs go to its config)
   "jsonl_math:<path>"                   {question, answer} records, .jsonl/.jsonl.gz/.parquet
   "jsonl_code:<path>"                   {prompt, tests, entry_point} records, run in the sandbox
@@ -26,7 +29,10 @@ from typing import Any, Callable
 
 from smjax.domains.base import SPLITS, Domain, Example, ToyDomain
 
-TOY_DOMAINS = ("math", "code", "logic", "strings")
+# The tagged pair (smjax.domains.toy_tagged) is listed apart: known_domains shows it after the
+# prefixed families.
+TAGGED_DOMAINS = ("add", "sub")
+TOY_DOMAINS = ("math", "code", "logic", "strings") + TAGGED_DOMAINS
 _PREFIXES = ("rg", "jsonl_math", "jsonl_code")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 # Domains known by name beyond the built-in ones (`register_domain`, and every import path once
@@ -40,9 +46,10 @@ def _toy(name: str) -> Callable[..., Domain]:
   def make(**kwargs: Any) -> Domain:
     # Imported lazily so that `import smjax.domains` stays cheap.
     # pylint: disable=import-outside-toplevel
-    from smjax.domains import toy_code, toy_logic, toy_math, toy_strings
+    from smjax.domains import toy_code, toy_logic, toy_math, toy_strings, toy_tagged
     cls = {"math": toy_math.MathDomain, "code": toy_code.CodeDomain,
-           "logic": toy_logic.LogicDomain, "strings": toy_strings.StringsDomain}[name]
+           "logic": toy_logic.LogicDomain, "strings": toy_strings.StringsDomain,
+           "add": toy_tagged.AddDomain, "sub": toy_tagged.SubDomain}[name]
     return cls(**kwargs)
   return make
 
@@ -62,9 +69,10 @@ def domain_label(domain: str) -> str:
 
 def known_domains() -> list[str]:
   """Registry names; prefixed families are shown with their argument in angle brackets."""
-  return (list(TOY_DOMAINS) + ["rg:<reasoning_gym dataset>", "jsonl_math:<path>",
-                               "jsonl_code:<path>", "<module>:<Domain class or instance>"]
-          + sorted(_REGISTERED))
+  untagged = [d for d in TOY_DOMAINS if d not in TAGGED_DOMAINS]
+  return (untagged + ["rg:<reasoning_gym dataset>", "jsonl_math:<path>", "jsonl_code:<path>",
+                      "<module>:<Domain class or instance>"]
+          + list(TAGGED_DOMAINS) + sorted(_REGISTERED))
 
 
 def is_import_path(name: str) -> bool:

@@ -177,6 +177,11 @@ class ToyDomain(Domain):
     """How many places of the example's chain admit the domain's mistake (chain form)."""
     raise NotImplementedError(f"{self.name}: no chain form")
 
+  def chain_site_kinds(self, example: Example) -> list[str]:
+    """The kind of each of those places, in the order the chain asks its `flaw` ("carry",
+    "borrow", ...; smjax.domains.chains): a hard level has several sites of several kinds."""
+    raise NotImplementedError(f"{self.name}: no chain form or no site kinds")
+
   def chain_solution(self, example: Example, flaw) -> str:
     """The example's chain with `flaw(site) -> bool` asked at each site (smjax.domains.chains)."""
     raise NotImplementedError(f"{self.name}: no chain form")

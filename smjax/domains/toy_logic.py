@@ -6,8 +6,16 @@ difficulty d: a chain of n = 3 + d distinct random letters (up to 21-char prompt
 links are listed in a random order, each written as "a<b" or as "b>a".
 
 Chain form (smjax.domains.chains): a chain of n = 4 + d letters, the order assembled from the
-links in the order they are listed, each step writing the fragment it made:
+links in the order they are listed, each step restating its link and writing the fragment it
+made (sites: every step, "order"):
   "t<z,m>q,t>m:"  "t<z:tz;q<m:qm;m<t:qmtz;#qmtz"
+difficulty 3, the hard level: n = 7, and every link written with '>' is also a "read" site (read
+as if written with '<'); only templates with at least one '>' link are used, so that every
+example has n - 1 = 6 "order" sites and at least one "read" site (9 sites on average):
+  "p<d,j>l,s<n,s>a,d<a,n<l:"  "p<d:pd;l<j:lj;s<n:sn;a<s:asn;d<a:pdasn;n<l:pdasnlj;#pdasnlj"
+Lengths at chain-form difficulty 0-3, in characters (= char tokens): prompts of at most
+12, 16, 20 and 24; chains of at most 29, 40, 52 and 65 (the answer mark and answer included).
+Sites per example at difficulty 0-3, mean (min): 3, 4, 5 and 9.03 (7; 6 order + 3.03 read).
 
 Held-out split, disjoint by construction (a template split): a template is the order in which
 the links are listed plus the direction each is written in; a fixed quarter of the templates
@@ -43,20 +51,24 @@ def _links(prompt: str) -> list[str]:
   return prompt.rstrip(":").split(",")
 
 
+def _read_sites(example: Example) -> bool:
+  """Whether the example's '>' links are "read" sites too (the chain form's hard level)."""
+  return bool(example.metadata.get("read_sites", False))
+
+
 class LogicDomain(ToyDomain):
   """Chain ordering; see the module docstring."""
 
   name = "logic"
 
-  max_chain_difficulty = 2
-
   def _make(self, split: str, rng: random.Random, difficulty: int) -> Example:
     n = 3 + difficulty + (self.form == "chain")
+    hard = self.form == "chain" and difficulty == 3
     want_test = split == "test"
     while True:
       order = rng.sample(range(n - 1), n - 1)
       directions = [rng.randint(0, 1) for _ in range(n - 1)]
-      if is_held_out(order, directions) == want_test:
+      if is_held_out(order, directions) == want_test and (not hard or 1 in directions):
         break
     chain = rng.sample(string.ascii_lowercase, n)
     links = []
@@ -64,16 +76,23 @@ class LogicDomain(ToyDomain):
       lo, hi = chain[link], chain[link + 1]
       links.append(f"{hi}>{lo}" if flip else f"{lo}<{hi}")
     answer = "".join(chain)
-    solution = chains.logic_chain(links)[0] if self.form == "chain" else answer
+    solution = (chains.logic_chain(links, read_sites=hard)[0] if self.form == "chain"
+                else answer)
     return Example(prompt=",".join(links) + ":", reference=answer, solution=solution,
                    domain=self.name,
-                   metadata={"template": template_key(order, directions)})
+                   metadata={"template": template_key(order, directions),
+                             **({"read_sites": True} if hard else {})})
 
   def chain_sites(self, example: Example) -> int:
-    return chains.logic_sites(_links(example.prompt))
+    return chains.logic_sites(_links(example.prompt), _read_sites(example))
+
+  def chain_site_kinds(self, example: Example) -> list[str]:
+    links, read = _links(example.prompt), _read_sites(example)
+    return chains.site_kinds(lambda f, k: chains.logic_chain(links, f, k, read))
 
   def chain_solution(self, example: Example, flaw) -> str:
-    return chains.logic_chain(_links(example.prompt), flaw)[0]
+    return chains.logic_chain(_links(example.prompt), flaw,
+                              read_sites=_read_sites(example))[0]
 
   def score(self, example: Example, completion: str) -> float:
     return float(self.extract_answer(completion) == example.reference)

@@ -37,8 +37,12 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "repo
 # compared as if written with that value (`upgrade_old_config`), so adding a field orphans no
 # earlier workdir whose run it would not change. model.chat_template: raw-text prompts were all
 # there was; "auto" is the same for the char tokenizer (no template), "none" for an HF model.
+# experts.preset: the experts were the student's model, which "" names. domain_difficulty: every
+# domain took `difficulty`, which "" means.
 ADDED_FIELDS = {
     "model.chat_template": lambda old: "none" if old.get("model", {}).get("hf_path") else "auto",
+    "experts.preset": lambda old: "",
+    "domain_difficulty": lambda old: "",
 }
 
 
@@ -60,7 +64,15 @@ def study_defaults() -> mlc.ConfigDict:
   c.seeds = (0,)
   c.phases = PHASES
   c.domains = ("math", "code")
+  # The toy domains' difficulty (smjax.domains.toy_*; file and reasoning-gym domains take none),
+  # overridden per domain by `domain_difficulty="code=3,math=2"` (others: `difficulty`). In the
+  # chain form every toy domain has levels 0-3; 3 is the hard level, where every example has
+  # several mistake sites of two kinds (smjax.domains.chains), so that the one-bit reward is
+  # sparse. Some levels' chains are longer than rl.max_new_tokens and base.seq_len allow (logic
+  # 3: a 24-token prompt, a 65-token chain): the toy modules' docstrings give each level's
+  # longest prompt and chain, which base.seq_len, rl.max_new_tokens and model.max_seq_len fit.
   c.difficulty = 1
+  c.domain_difficulty = ""
   # form: "chain" (the toy domains' solutions are written-out chains of >= ~24 tokens before the
   # final answer: the paper's regime, where a teacher's per-token signal carries more than one
   # bit per sample) or "short" (the answer alone); smjax.domains.chains.
@@ -144,9 +156,17 @@ def study_defaults() -> mlc.ConfigDict:
   # `prompts_per_step`: the expert's batch; 0 is joint GRPO's prompts per step over the number
   # of domains, so that a domain gets as many samples per step in both routes
   # (rl.prompts_per_step: the full-batch variant).
+  # `preset`: strong-to-weak distillation, the experts a bigger model than the student (a toy
+  # preset of smjax.models.presets, e.g. "toy-small"; its max_seq_len, as the student's,
+  # overridden by model.max_seq_len when set). A second base, `base_strong`, is SFT'd on that
+  # preset exactly as the base is (config.base, the same mixture; charged to no arm), the experts
+  # grow from it (their bars read from its stop-set accuracy), MOPD distils them into the
+  # student, and with joint GRPO in the study, joint GRPO on it (`joint_grpo_strong`, joint.steps
+  # at rl's batch) is reported beside joint_grpo, which stays the reference. "": the experts are
+  # the student's model.
   c.joint = mlc.ConfigDict(dict(steps=1200, eval_refine=4))
   c.experts = mlc.ConfigDict(dict(steps=600, prompts_per_step=0, bars=(0.75, 0.9, 0.95, 1.0),
-                                  eval_refine=4))
+                                  eval_refine=4, preset=""))
 
   # Shared by every OPD phase (MOPD, external-teacher OPD, self-teacher recovery). shared_prompt:
   # the student step and the teachers run each prompt once for its samples_per_prompt rows.
@@ -238,6 +258,7 @@ def validate(c: mlc.ConfigDict) -> None:
   if c.model.chat_template not in ("auto", "none"):
     raise ValueError(f"config.model.chat_template={c.model.chat_template!r} must be 'auto' (the "
                      "model's chat template where it has one) or 'none' (raw-text prompts)")
+  experts_model_cfg(c)   # experts.preset: "" or a toy preset of the student's vocabulary
   if c.base.steps < 0 or (c.base.steps == 0 and not c.model.hf_path):
     raise ValueError(f"config.base.steps={c.base.steps}: a toy base needs >= 1 SFT step (0 is "
                      "allowed only with model.hf_path, whose weights are then the base)")
@@ -281,9 +302,9 @@ def validate(c: mlc.ConfigDict) -> None:
         c.self_teacher.degrade_domain == c.self_teacher.recover_domain):
       raise ValueError("config.self_teacher: degrade_domain and recover_domain must differ "
                        "(degrade='grpo' degrades recover_domain by training on another)")
+    from smjax.domains import TOY_DOMAINS  # pylint: disable=import-outside-toplevel
     if c.self_teacher.degrade == "noisy_sft" and (
-        c.form != "chain" or c.self_teacher.recover_domain not in ("math", "code", "logic",
-                                                                   "strings")):
+        c.form != "chain" or c.self_teacher.recover_domain not in TOY_DOMAINS):
       raise ValueError(f"config.self_teacher.degrade='noisy_sft' flaws the chains of a toy "
                        f"domain (form='chain'); recover_domain={c.self_teacher.recover_domain!r}"
                        f", form={c.form!r}: use degrade='grpo'")
@@ -329,6 +350,7 @@ def validate(c: mlc.ConfigDict) -> None:
     if int(value) < 0:
       raise ValueError(f"config.{field}={value} must be >= 0")
   correct_fractions(c)   # base.domain_correct_fraction parses and names study domains
+  difficulties(c)   # domain_difficulty parses, names toy domains, and every level is in range
   if c.band.low > c.band.high:
     raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}")
   if not 0.0 < c.report.confidence < 1.0:
@@ -359,6 +381,44 @@ def parse_arg(arg: str | None, **defaults) -> mlc.ConfigDict:
 # The external teacher samples this many tokens past rl.max_new_tokens: its verbose style restates
 # the problem and the answer after the solution (smjax.study.phases.verbose).
 TEACHER_EXTRA_TOKENS = 24
+
+
+def experts_model_cfg(c: mlc.ConfigDict):
+  """The experts' ModelConfig in a strong-to-weak study: experts.preset with config.model's
+  dtypes and max_seq_len override, as the student's preset takes them; None when experts.preset
+  is "" (the experts are the student's model). A ValueError naming the field for a preset that
+  is unknown, is the student's own, or has another vocabulary than the student's (MOPD scores
+  the student's tokens with the teachers' distributions)."""
+  preset = c.experts.get("preset", "")   # a workdir's config.json from before the field: ""
+  if not preset:
+    return None
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.models.presets import PRESETS, get_preset
+  m = c.model
+  if preset not in PRESETS:
+    raise ValueError(f"config.experts.preset={preset!r} is not a known preset; known: "
+                     f"{sorted(PRESETS)} ('': the student's model)")
+  if m.hf_path:
+    raise ValueError(f"config.experts.preset={preset!r} needs a toy student (the char tokenizer), "
+                     f"but config.model.hf_path={m.hf_path!r} is set: leave experts.preset ''")
+  if preset == m.preset:
+    raise ValueError(f"config.experts.preset={preset!r} is the student's own preset "
+                     "(config.model.preset); '' gives experts of the student's model")
+  cfg = get_preset(preset, param_dtype=m.param_dtype, dtype=m.dtype,
+                   **({"max_seq_len": m.max_seq_len} if m.max_seq_len else {}))
+  student = get_preset(m.preset)
+  if cfg.vocab_size != student.vocab_size:
+    raise ValueError(f"config.experts.preset={preset!r} has vocab_size={cfg.vocab_size}, the "
+                     f"student (config.model.preset={m.preset!r}) {student.vocab_size}: MOPD "
+                     "needs one vocabulary; pick a toy preset")
+  return cfg
+
+
+def strong_to_weak(c: mlc.ConfigDict) -> bool:
+  """Whether a study runs the experts' bigger model: experts.preset is set and the experts or
+  MOPD are among its phases (then base_strong runs too, and joint_grpo_strong with joint GRPO).
+  The phases are read first: a study without experts never reads experts.preset."""
+  return bool({"experts", "mopd"} & set(c.phases)) and bool(c.experts.get("preset", ""))
 
 
 def external_max_new_tokens(c: mlc.ConfigDict) -> int:
@@ -397,6 +457,35 @@ def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:
   return out
 
 
+def difficulties(c: mlc.ConfigDict) -> dict[str, int]:
+  """{toy domain: its difficulty}: config.difficulty, overridden per domain by
+  config.domain_difficulty ("code=3,math=2"); the study's other domains take none and are not
+  keys. ValueError naming the field: an item not domain=integer, a name that is not one of
+  config.domains' toy domains, or a level outside the domain's range in config.form."""
+  from smjax.domains import TOY_DOMAINS, get_domain  # pylint: disable=import-outside-toplevel
+  out = {d: c.difficulty for d in c.domains if d in TOY_DOMAINS}  # a toy name is its key
+  spec, named = c.domain_difficulty.strip(), set()
+  for item in filter(None, (x.strip() for x in spec.split(","))):
+    name, eq, value = (x.strip() for x in item.partition("="))
+    if not eq or not (value.isascii() and value.isdigit()):
+      raise ValueError(f"config.domain_difficulty={spec!r}: {item!r} must be domain=level with "
+                       "the level an integer >= 0")
+    if name not in out:
+      raise ValueError(f"config.domain_difficulty={spec!r}: {name!r} is not one of config.domains'"
+                       f" toy domains {tuple(out)}")
+    out[name] = int(value)
+    named.add(name)
+  for name, level in out.items():
+    dom = get_domain(name, difficulty=0, form=c.form)
+    top = dom.max_chain_difficulty if c.form == "chain" else dom.max_difficulty
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= top:
+      field = (f"config.domain_difficulty={spec!r}" if name in named
+               else f"config.difficulty={c.difficulty!r}")
+      raise ValueError(f"{field}: {name} takes a difficulty in [0, {top}] in the {c.form} form, "
+                       f"not {level!r}")
+  return out
+
+
 def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
   """Prompt + completion must fit max_seq_len, or the sampler refuses the prompt: checked at start
   on the held-out prompts and on every record of the file domains' splits (training prompts are
@@ -428,6 +517,11 @@ def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
                    f"the external teacher's max_seq_len={teacher.max_seq_len} (config.external."
                    f"teacher_preset={config.external.teacher_preset!r}, which samples "
                    f"max_new_tokens + {TEACHER_EXTRA_TOKENS})"))
+  if strong_to_weak(config):
+    strong = experts_model_cfg(config)
+    limits.append((T, strong.max_seq_len,
+                   f"the experts' max_seq_len={strong.max_seq_len} (config.experts.preset="
+                   f"{config.experts.preset!r}; config.model.max_seq_len overrides it)"))
   for new_tokens, max_seq_len, what in limits:
     if longest + new_tokens <= max_seq_len:
       continue
@@ -438,3 +532,28 @@ def check_lengths(config, tokenizer, model_cfg, heldout, domains=None) -> None:
     raise ValueError(
         f"config.rl.max_new_tokens={T} does not fit: {which} has {longest} tokens (BOS or "
         f"chat template included), and {longest} + {new_tokens} new tokens exceeds {what}; {fix}")
+  # A toy domain's written-out solution must fit the completion budget, or every right answer is
+  # cut off before its final answer and scores 0 (the sampler would not refuse it); and the base's
+  # SFT rows (prompt + solution + EOS) must fit base.seq_len, which sft_batch checks only when a
+  # batch meets the longest one, minutes in.
+  from smjax.domains.base import ToyDomain  # pylint: disable=import-outside-toplevel
+  toy = [e for d, ex in heldout.items() for e in ex
+         if isinstance((domains or {}).get(d), ToyDomain) and e.solution]
+  if toy:
+    sol = max(toy, key=lambda e: len(tokenizer.encode(e.solution)))
+    n = len(tokenizer.encode(sol.solution))
+    level = f"difficulty {sol.metadata.get('difficulty')}, form {config.form!r}"
+    if n > T:
+      raise ValueError(
+          f"config.rl.max_new_tokens={T} is shorter than the longest held-out solution of "
+          f"{sol.domain} ({n} tokens at {level}): a right answer would be cut off before it "
+          f"ends and score 0; use config.rl.max_new_tokens >= {n} (and a model.max_seq_len "
+          "that holds the prompt and it)")
+    row = max(toy, key=lambda e: len(encode_prompt(tokenizer, e)) + len(tokenizer.encode(
+        e.solution)))
+    n = len(encode_prompt(tokenizer, row)) + len(tokenizer.encode(row.solution)) + 1
+    if n > int(config.base.seq_len):
+      raise ValueError(
+          f"config.base.seq_len={config.base.seq_len} cannot hold the base's longest training "
+          f"row of {row.domain} ({n} tokens: prompt, solution and EOS, at {level}); use "
+          f"config.base.seq_len >= {n}")

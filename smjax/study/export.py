@@ -7,9 +7,12 @@ Hugging Face directory, which `transformers.AutoModelForCausalLM` / `AutoTokeniz
 
 ARM is an arm as the report names it (base, joint_grpo, expert_<domain>, split_merge,
 split_merge@<bar>, external_teacher, control_teacher, external_opd, control_opd, degrade,
-recover_self, recover_external, recover_grpo) or a phase directory of the seed; an arm's
-parameters are its phase's final ones, `WORKDIR/seed_N/<phase>/final/` (`phase_of`: the
-split_merge arms are the `mopd` phases, every other arm is the phase of its name).
+recover_self, recover_external, recover_grpo; in a strong-to-weak study base_strong and
+joint_grpo_strong) or a phase directory of the seed; an arm's parameters are its phase's final
+ones, `WORKDIR/seed_N/<phase>/final/` (`phase_of`: the split_merge arms are the `mopd` phases,
+every other arm is the phase of its name), in the shape of the model that phase ran (`_model`:
+the external teacher's preset, in a strong-to-weak study experts.preset for base_strong,
+joint_grpo_strong and the experts, else the student's).
 
 Written to DIR: config.json (the architecture the model's flags name: Qwen3 with qk_norm, Qwen2
 with qkv_bias, else Llama; a study on an HF model keeps its source's), model.safetensors (sharded
@@ -48,9 +51,11 @@ ARMS_FILE = "arms.json"   # smjax.study.run.ARMS_FILE (not imported: it pulls in
 # Token-id fields of a source config.json that `generate` reads, kept in the export's.
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The arms a study can have (smjax.study.run names them), as patterns.
-_ARMS = re.compile(r"^(base|joint_grpo|expert_.+|split_merge(@.+)?|external_teacher|"
-                   r"control_teacher|external_opd|control_opd|degrade|"
+_ARMS = re.compile(r"^(base(_strong)?|joint_grpo(_strong)?|expert_.+|split_merge(@.+)?|"
+                   r"external_teacher|control_teacher|external_opd|control_opd|degrade|"
                    r"recover_(self|external|grpo))$")
+# The phases that run experts.preset's model when it is set (strong-to-weak, smjax.study.run).
+_EXPERTS_MODEL = re.compile(r"^(base_strong|joint_grpo_strong|expert_.+)$")
 
 
 def phase_of(arm: str) -> str:
@@ -91,9 +96,14 @@ def _model(config: mlc.ConfigDict, phase: str, workdir: str):
   # pylint: disable=import-outside-toplevel
   from smjax.models import hf
   from smjax.models.presets import get_preset
+  from smjax.study.config import experts_model_cfg
   m = config.model
+  strong = (experts_model_cfg(config) if _EXPERTS_MODEL.match(phase) and experts_preset(config)
+            else None)
   if phase == "external_teacher":   # a larger preset of its own (smjax.study.phases)
     cfg, source = get_preset(config.external.teacher_preset), None
+  elif strong is not None:          # experts.preset's bigger model (strong-to-weak)
+    cfg, source = strong, None
   elif m.hf_path:
     source = m.hf_path
     if not os.path.exists(os.path.join(source, "config.json")):
@@ -113,6 +123,12 @@ def _model(config: mlc.ConfigDict, phase: str, workdir: str):
     arch = ("Qwen3ForCausalLM" if cfg.qk_norm else "Qwen2ForCausalLM" if cfg.qkv_bias
             else "LlamaForCausalLM")
   return cfg, source, arch
+
+
+def experts_preset(config: mlc.ConfigDict) -> str:
+  """The study's experts.preset ("" before the field existed, or for experts of the student's
+  model)."""
+  return config.get("experts", {}).get("preset", "")
 
 
 def _tokenizer_files(cfg, source: str | None) -> dict[str, bytes]:
@@ -161,6 +177,12 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
                                     keys=("model",)))
   seed_dir, phase = resolve(workdir, arm, seed)
   _check_out(out)
+  result = read_json(paths.join(seed_dir, phase, "result.json"),
+                     f"delete {paths.join(seed_dir, phase)} to rerun that phase")
+  # Whether the experts were a bigger model is the phase's own config's word (the workdir's
+  # config.json is the latest run's, which may have changed experts.preset since).
+  if isinstance(result.get("config"), dict) and "experts" in config:
+    config.experts.preset = result["config"].get("experts", {}).get("preset", "")
   cfg, source, arch = _model(config, phase, workdir)
   # pylint: disable=import-outside-toplevel
   import jax
@@ -168,8 +190,6 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
   from smjax.models import hf
   from smjax.models.transformer import init_params
   from smjax.study import store
-  result = read_json(paths.join(seed_dir, phase, "result.json"),
-                     f"delete {paths.join(seed_dir, phase)} to rerun that phase")
   template = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
   params = store.load_params(paths.join(seed_dir, phase, "final"), template,
                              f"phase {phase!r} of seed {seed}")
@@ -182,9 +202,12 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
     gen = json.loads(files["generation_config.json"])
     extra = {k: gen[k] for k in _TOKEN_FIELDS}
   last = (result.get("curve") or [{}])[-1]
-  meta = {"workdir": workdir, "seed": seed, "arm": arm, "phase": phase,
-          "model": (config.external.teacher_preset if phase == "external_teacher"
-                    else source or config.model.preset),
+  model = source or config.model.preset
+  if phase == "external_teacher":
+    model = config.external.teacher_preset
+  elif _EXPERTS_MODEL.match(phase) and experts_preset(config):
+    model = experts_preset(config)
+  meta = {"workdir": workdir, "seed": seed, "arm": arm, "phase": phase, "model": model,
           "architecture": arch, "dtype": cfg.param_dtype,
           "accuracy": last.get("accuracy"), "step": last.get("step"), "smjax": _version()}
   stage = tempfile.mkdtemp(prefix="smjax-export-") if paths.is_url(out) else out + ".partial"

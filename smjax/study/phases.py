@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 # Every phase reads these: the model and data, and the evaluation every curve is made of
 # (rl.max_new_tokens and rl.temperature are also the evaluation sampler's).
-COMMON_READS = ("model", "mesh", "domains", "difficulty", "form", "heldout_size", "stop_size",
-                "eval",
+COMMON_READS = ("model", "mesh", "domains", "difficulty", "domain_difficulty", "form",
+                "heldout_size", "stop_size", "eval",
                 "rl.max_new_tokens", "rl.temperature")
 # The base's band is measured with this many samples per held-out prompt (pass@8).
 BAND_SAMPLES = 8
@@ -77,6 +77,9 @@ def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
 # ------------------------------------------------------------------------------ the base model
 
 BASE = PhaseSpec("base", reads=("base",))
+# Strong-to-weak (experts.preset set): the experts' bigger model SFT'd exactly as the base is,
+# from a random init of that preset; the experts and joint_grpo_strong start from it.
+BASE_STRONG = PhaseSpec("base_strong", reads=("base", "experts.preset"))
 
 
 def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
@@ -95,12 +98,14 @@ def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
   return transform
 
 
-def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
+def phase_base(shared: SeedShared, workdir: str, spec: PhaseSpec = BASE) -> PhaseOutput:
   """The shared base model: SFT warm-up on every domain's solutions (FLOPs: base/sft), from a
   random init (toy) or from the HF checkpoint of `model.hf_path` (`base.steps=0`: its weights as
   they are). Chain-form toy domains train on the flawed-chain mixture (`flaw_mixture`). Its
   output's extra holds the band measurement: accuracy (mean of BAND_SAMPLES samples) and
-  pass@BAND_SAMPLES per domain (checked by smjax.study.run)."""
+  pass@BAND_SAMPLES per domain (checked by smjax.study.run). `spec` BASE_STRONG with the
+  experts' record (smjax.study.shared.experts_shared): the same SFT of the experts' bigger
+  model."""
   c = shared.config
   b = c.base
   chain = c.form == "chain" and any(d in TOY_DOMAINS for d in c.domains)
@@ -114,10 +119,10 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
                               state_shardings=state_shardings(shared.mesh, tx, shared.model_cfg))
     state = shared.new_state(shared.initial_params(), tx)
     ledger = FlopLedger()
-    with _writer(c, workdir, BASE.name) as writer:
+    with _writer(c, workdir, spec.name) as writer:
       if b.steps:
         mix = flaw_mixture(shared.domains, correct_fractions(c)) if chain else None
-        state, ledger = _sft(shared, workdir, BASE, phase="base/sft", state=state, step=step,
+        state, ledger = _sft(shared, workdir, spec, phase="base/sft", state=state, step=step,
                              stream=shared.prompts(domain_keys(c), b.batch_size, 1, mix),
                              seq_len=b.seq_len, num_steps=b.steps, writer=writer)
       fields, calls = shared.evaluator(state.params)
@@ -128,11 +133,11 @@ def phase_base(shared: SeedShared, workdir: str) -> PhaseOutput:
                                    phase="eval/band")(state.params)
       ledger.add(calls)
       writer.write(b.steps, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
-      _eval_line(c, BASE.name, b.steps, fields, ledger)
+      _eval_line(c, spec.name, b.steps, fields, ledger)
     extra = {"band": {"samples": BAND_SAMPLES, "accuracy": band["accuracy"],
                       "pass_at_k": band["pass_at_k"]}}
     return PhaseOutput(state.params, ledger, [_point(b.steps, fields)], extra)
-  return store.run_phase(workdir, c, BASE.name, read_fields(BASE), shared.abstract_params(), fn)
+  return store.run_phase(workdir, c, spec.name, read_fields(spec), shared.abstract_params(), fn)
 
 
 def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state, step, stream,
@@ -392,11 +397,15 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
 JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,))
 # An expert keeps checkpoints at bars of joint GRPO's gain (experts.bars) and stops past the last
 # one, so it starts from joint GRPO's result; every arm with a stop rule runs on past it.
+# With experts.preset set it grows from base_strong instead of the base.
 EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm", "run_on"),
-                   after=(BASE, JOINT))   # expert_<domain>
+                   after=(BASE, BASE_STRONG, JOINT))   # expert_<domain>
+# Strong-to-weak: joint GRPO on the experts' bigger model, from base_strong (an arm beside the
+# reference, joint_grpo, not a route of the frontier).
+JOINT_STRONG = PhaseSpec("joint_grpo_strong", reads=("rl", "joint"), after=(BASE_STRONG,))
 MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,))  # mopd[@<bar>]
 _EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "run_on",
-                 "report.target_fraction")
+                 "report.target_fraction", "report.reference_arm")
 EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,))
 CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,))
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.

@@ -10,6 +10,11 @@ Every arm starts from the same SFT base model (its FLOPs are reported apart, und
   domain, read on the stop set); `split_merge` distils from the experts at the last bar, and
   `split_merge@<bar>` from each lower one: the report charges split-then-merge its cheapest set
   per accuracy level (its frontier);
+- strong-to-weak (`experts.preset` names a bigger model than the student): the experts are that
+  model, grown from `base_strong` (that model SFT'd as the base is, charged to no arm) with their
+  bars read from its stop-set accuracy, and MOPD distils them into the student; beside joint
+  GRPO (still the reference) runs `joint_grpo_strong`, joint GRPO on the bigger model from
+  base_strong, an arm of the report but no route of its frontier;
 - `external_opd`: OPD of the base student from a larger teacher warmed up on verbose solutions
   (an "external post-trained teacher": its own training is not charged to the arm);
 - `self_teacher`: the joint model trained further on one domain (which degrades the other), then
@@ -43,7 +48,7 @@ from smjax.study.config import (domain_keys, external_max_new_tokens, study_defa
 from smjax.study.render import format_table, write_report
 from smjax.study import rules
 from smjax.study.report import ArmResult, build_report
-from smjax.study.shared import SeedShared, seed_shared
+from smjax.study.shared import SeedShared, experts_shared, seed_shared
 from smjax.study.store import PhaseOutput
 from smjax.train.metrics import require_wandb
 from smjax.train.teachers import Teacher
@@ -130,6 +135,9 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   """All configured phases for one seed (in `workdir`); returns the arms for the report.
   `shared`: the seed's record when already built (start_study builds the first seed's)."""
   shared = shared or seed_shared(config, seed)
+  # The experts' model: the student's, or in a strong-to-weak study (experts.preset) a bigger
+  # one's, with a seed record of its own (built before any phase: nothing compiles yet).
+  grown = shared if shared.experts_model is None else experts_shared(shared)
   phases = set(config.phases)
   domains = domain_keys(config)   # every domain by its name (an import path's: its `name`)
   train = _train_flops
@@ -138,44 +146,67 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   check_band(config, seed, base)
   arms.append(ArmResult("base", seed, base.curve, {}, note="SFT warm-up; not in any arm's FLOPs"))
   o = config.opd
-  rl = lambda spec, name, **kw: ph.rl_phase(shared, workdir, spec, name, **kw)  # noqa: E731
+
+  def rl(spec, name, on=shared, **kw):   # a GRPO / OPD phase of the model `on` holds
+    return ph.rl_phase(on, workdir, spec, name, **kw)
   joint = None
   if "joint" in phases or "self_teacher" in phases:
     joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
                domains=domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
+  # The base the experts grow from: the student's, or the bigger model SFT'd as the base is,
+  # after joint GRPO has fixed the seed's evaluation grid with the student's step.
+  grown_base, preset = base, grown.model_cfg.name
+  if grown is not shared:
+    grown_base = ph.phase_base(grown, workdir, ph.BASE_STRONG)
+    arms.append(ArmResult(ph.BASE_STRONG.name, seed, grown_base.curve, {},
+                          note=f"{preset} SFT'd as the base is; the experts' start; not in any "
+                          "arm's FLOPs"))
+    if "joint" in phases:
+      strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
+                  init_params=grown_base.params, domains=domains, steps=config.joint.steps,
+                  stream_seed=10, eval_refine=int(config.joint.eval_refine))
+      arms.append(ArmResult(ph.JOINT_STRONG.name, seed, strong.curve, train(strong),
+                            note=f"joint GRPO on {preset} from base_strong (beside the "
+                            "reference, not a route of the frontier)"))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
   # parameters at its first crossings of bars of joint GRPO's final gain on its domain (read on
   # the stop set) and stops past the last bar; MOPD runs from every set of those checkpoints.
-  ref = (_stop_final(joint) if joint is not None and config.report.reference_arm == "joint_grpo"
-         else None)
+  def reference():   # joint GRPO's final stop-set accuracy, read by the phases that declare it
+    return (_stop_final(joint) if joint is not None
+            and config.report.reference_arm == "joint_grpo" else None)
   if "experts" in phases or "mopd" in phases:
+    ref = reference()
     experts = {}
     per_step = (int(config.experts.prompts_per_step) or
                 max(1, int(config.rl.prompts_per_step) // len(domains)))
     for i, d in enumerate(domains):
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
+      # Bars: shares of joint GRPO's final gain over the base, from the expert's own start.
       bars = {} if ref is None else {
-          f"{float(b):g}": rules.bar_rule(d, _stop_final(base), ref, float(b))
+          f"{float(b):g}": rules.bar_rule(d, _stop_final(grown_base), ref, float(b))
           for b in config.experts.bars}
-      experts[d] = rl(ph.EXPERT, name, algo=ph.grpo(shared), init_params=base.params, domains=[d],
+      experts[d] = rl(ph.EXPERT, name, on=grown, algo=ph.grpo(grown),
+                      init_params=grown_base.params, domains=[d],
                       steps=config.experts.steps, stream_seed=20 + i,
                       eval_refine=int(config.experts.eval_refine),
                       stop_at=bars.get(f"{float(config.experts.bars[-1]):g}"),
                       prompts_per_step=per_step, snapshot_at=bars)
       arms.append(ArmResult(name, seed, experts[d].curve, train(experts[d]),
-                            note=f"GRPO on {d} only, {per_step} prompts per step",
+                            note=f"GRPO on {d} only, {per_step} prompts per step" + (
+                                "" if grown is shared else f", {preset} from base_strong"),
                             reached=experts[d].extra.get("reached") if bars else None,
                             experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
-      template = shared.abstract_params()
+      template = grown.abstract_params()
       for arm, members in _expert_sets(config, experts):
         params = {d: experts[d].params if m["at"] == "final" else store.load_params(
             store.snapshot_dir(workdir, names[d], m["at"]), template, f"{names[d]} at {m['at']}")
                   for d, m in members.items()}
-        teachers = [Teacher(names[d], shared.model_cfg, p, (d,)) for d, p in params.items()]
+        # The experts' own model (a bigger one in strong-to-weak) scores the student's rows.
+        teachers = [Teacher(names[d], grown.model_cfg, p, (d,)) for d, p in params.items()]
         # The student's capture is measured against what these teachers hold on the stop set.
         teacher_acc = {d: rules.stop_accuracy(_point_at(experts[d].curve, m["step"]))[d]
                        for d, m in members.items()}
@@ -197,7 +228,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
             distill_flops=sum(train(mopd).values()), teachers=names,
             capture_fraction=o.capture_fraction, reached=mopd.extra.get("reached"),
             experts_at={d: {k: m[k] for k in ("at", "step", "flops")} for d, m in members.items()},
-            note="MOPD from the experts stopped at " + ", ".join(
+            note="MOPD from the experts " + (
+                "" if grown is shared else f"({preset}) ") + "stopped at " + ", ".join(
                 f"{d} {m['at']} (step {m['step']})" for d, m in members.items())))
   external = None
   if "external" in phases or "self_teacher" in phases:

@@ -28,7 +28,8 @@ from smjax.models.tokenizer import CharTokenizer, HFTokenizer
 from smjax.models.transformer import ModelConfig, Transformer, init_params, param_logical_axes
 from smjax.rewards.verify import verify_batch
 from smjax.rollout import Sampler
-from smjax.study.config import check_lengths, domain_keys
+from smjax.study.config import (check_lengths, difficulties, domain_keys, experts_model_cfg,
+                                strong_to_weak)
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.evaluate import Evaluator
@@ -56,6 +57,9 @@ class SeedShared:
   opd_step: steps_lib.JittedStep
   opd_layout: BatchLayout
   verify: Callable   # (examples, completion texts) -> rewards, by each example's domain
+  # Strong-to-weak (config.experts.preset, when the experts run): the experts' bigger model,
+  # whose own record `experts_shared` builds; None: the experts are this record's model.
+  experts_model: ModelConfig | None = None
 
   def abstract_params(self, cfg: ModelConfig | None = None):
     """ShapeDtypeStructs of a model's parameters (with their shardings on a mesh): restore
@@ -220,12 +224,13 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
   model = Transformer(model_cfg)
   mesh = sharding.mesh_from_config(config.mesh)
   mesh = mesh if mesh.size > 1 else None
-  # `difficulty` and `form` are knobs of the toy domains only; file and reasoning-gym domains
-  # take none.
-  toy = {"difficulty": config.difficulty, "form": config.form}
+  # `difficulty` (per domain: `difficulties`, domain_difficulty overriding it) and `form` are
+  # knobs of the toy domains only; file and reasoning-gym domains take none.
+  level = difficulties(config)
+  toy = lambda d: {"difficulty": level[d], "form": config.form}  # noqa: E731
   # Keyed by each domain's name (`domain_keys`: an import path's domain by its `name`), the tag
   # of its examples.
-  domains = {k: domains_lib.get_domain(d, **(toy if d in domains_lib.TOY_DOMAINS else {}))
+  domains = {k: domains_lib.get_domain(d, **(toy(d) if d in domains_lib.TOY_DOMAINS else {}))
              for d, k in zip(config.domains, domain_keys(config))}
   # The held-out split is disjoint from training by construction (smjax.domains); its seed is
   # fixed per study seed so every arm is scored on the same examples.
@@ -247,8 +252,25 @@ def seed_shared(config: mlc.ConfigDict, seed: int) -> SeedShared:
       domains=domains, heldout=heldout, stop=stop, sampler=sampler, evaluator=None,
       rl_tx=rl_tx, grpo_step=grpo_step, grpo_layout=grpo_layout,
       opd_tx=opd_tx, opd_step=opd_step, opd_layout=opd_layout,
-      verify=verify)
+      verify=verify, experts_model=experts_model_cfg(config) if strong_to_weak(config) else None)
   return dataclasses.replace(out, evaluator=out.evaluator_for())
+
+
+def experts_shared(shared: SeedShared) -> SeedShared:
+  """The seed's record of the experts' model in a strong-to-weak study (`shared.experts_model`,
+  config.experts.preset; smjax.study.run): built by `seed_shared` from a copy of the config whose
+  model.preset is that preset, so that its domains, report and stop sets are the student's (the
+  same seeds draw the same prompts) and its sampler, evaluator and GRPO / OPD steps are that
+  model's own (the FLOP ledger charges each model its own programs). It holds the study's config
+  as it is: its phases are compared with that, and read experts.preset, which names their model.
+  (The preset is taken from the record, not read off the config again between phases.)"""
+  if shared.experts_model is None:
+    raise ValueError("experts_shared: config.experts.preset is '' (or no phase runs the "
+                     "experts): the experts are the student's model, whose record this is")
+  copy = mlc.ConfigDict(shared.config.to_dict())
+  # The copy's model is the experts' (its own experts.preset "": no bigger model beyond it).
+  copy.model.preset, copy.experts.preset = shared.experts_model.name, ""
+  return dataclasses.replace(seed_shared(copy, shared.seed), config=shared.config)
 
 
 def grpo_parts(rl, model: Transformer, model_cfg: ModelConfig, mesh=None):

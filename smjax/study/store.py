@@ -204,7 +204,9 @@ def grid_or_refuse(workdir: str, config: mlc.ConfigDict, phase: str, may_fix: bo
   every = load_eval_every(workdir, config)
   if every or not config.eval.points:
     return every
-  done = [d for d in paths.listdir(workdir) if d not in ("base", "external_teacher", phase)
+  # SFT phases are evaluated once, on no grid: their results do not tie the seed to one.
+  done = [d for d in paths.listdir(workdir)
+          if d not in ("base", "base_strong", "external_teacher", phase)
           and paths.exists(paths.join(workdir, d, "result.json"))]
   if done or not may_fix:
     raise FileNotFoundError(
