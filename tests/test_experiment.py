@@ -43,9 +43,16 @@ def _env(cache):
   return env   # XLA_FLAGS: the suite's fast-compile flags (conftest.py), no fake devices
 
 
-def _main(args, workdir, cache, **kw):
-  return subprocess.run([sys.executable, "-m", "smjax.main", *args, f"--workdir={workdir}"],
-                        cwd=ROOT, env=_env(cache), capture_output=True, text=True, **kw)
+def _main(args, workdir, cache, record=None, **kw):
+  """The study's entry point on `args`; `record`: a JSON file where tests/record_reads.py writes
+  which config fields each phase read (the same entry point, with the reads recorded)."""
+  env = _env(cache)
+  entry = ["-m", "smjax.main"]
+  if record:
+    env["SMJAX_RECORD_READS"] = str(record)
+    entry = [os.path.join(ROOT, "tests", "record_reads.py")]
+  return subprocess.run([sys.executable, *entry, *args, f"--workdir={workdir}"],
+                        cwd=ROOT, env=env, capture_output=True, text=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +63,34 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, cache):
   wd = tmp_path_factory.mktemp("study")
-  r = _main(MINI, wd, cache, timeout=900)
+  r = _main(MINI, wd, cache, record=wd.parent / f"{wd.name}_reads.json", timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   return wd, r
+
+
+def _assert_reads_declared(path, phases):
+  """Every config field each phase really read (tests/record_reads.py) is one it declares, so a
+  change to any other field may reuse it; and the recording saw `phases` run."""
+  from record_reads import undeclared  # pylint: disable=import-outside-toplevel
+  segments = json.load(open(path))
+  ran = {s["name"]: s["reads"] for s in segments if s["kind"] == "phase"}
+  assert set(phases) <= set(ran), sorted(ran)
+  # The recording sees what a phase computes from, not just bookkeeping.
+  assert all(ran[p] for p in phases), {p: ran[p] for p in phases}
+  assert undeclared(path) == []
+
+
+def test_each_phase_reads_only_the_fields_it_declares(study):
+  wd, _ = study
+  path = wd.parent / f"{wd.name}_reads.json"
+  _assert_reads_declared(path, ["base", "joint_grpo", "expert_math", "expert_code", "mopd",
+                                "external_teacher", "control_teacher", "external_opd",
+                                "control_opd"])
+  ran = {s["name"]: s["reads"] for s in json.load(open(path)) if s["kind"] == "phase"}
+  # The checks have teeth: MOPD reads its section, an expert the experts' batch, and only a phase
+  # with a stop rule reads how far it runs on.
+  assert "opd.samples_per_prompt" in ran["mopd"] and "run_on.evals" in ran["mopd"]
+  assert "run_on.evals" not in ran["joint_grpo"]
 
 
 def test_report_fields_and_files(study):
@@ -281,8 +313,10 @@ def test_claim_d_degrades_by_noisy_sft_charges_it_to_no_arm_and_recovers(study, 
       "--config.self_teacher.degrade_steps=3", "--config.self_teacher.recover_steps=2",
       "--config.self_teacher.eval_refine=1"]
   # (A loss below min_loss is refused naming the seed: test_study_rules, without a run.)
-  r = _main(args + ["--config.self_teacher.min_loss=0.0"], wd, cache, timeout=600)
+  reads = tmp_path / "reads.json"
+  r = _main(args + ["--config.self_teacher.min_loss=0.0"], wd, cache, record=reads, timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
+  _assert_reads_declared(reads, ["degrade", "recover_self", "recover_external", "recover_grpo"])
   degrade = phase_result(wd, "degrade")
   assert set(degrade["ledger"]["flops"]) == {"base/degrade", "eval/heldout", "eval/stop"}
   arms = {a["arm"]: a for a in json.load(open(os.path.join(wd, "seed_0", "arms.json")))["arms"]}

@@ -19,8 +19,9 @@ import ml_collections as mlc
 
 PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # Fields that do not change what a run computes: a resumed run may differ in these.
-# `seeds` and `phases` choose which phases run, not what a phase computes: seeds of one study may
-# run as separate processes into one workdir (`make study`), then one run with every seed reports.
+# `seeds` and `phases` (and `external.control`, whether the control arm runs) choose which phases
+# run, not what a phase computes: seeds of one study may run as separate processes into one
+# workdir (`make study`), then one run with every seed reports.
 # `band` is checked on the base's measurement after the phase (a changed band re-judges the same
 # base), `self_teacher.min_loss` likewise on the degrade phase's; the recovery target is read
 # off the recovery arms' whole curves by the report, like its levels; the report's levels and
@@ -29,7 +30,7 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
                       "report.confidence", "report.levels", "band", "self_teacher.min_loss",
                       "self_teacher.recover_target_fraction", "collapse_window", "seeds",
-                      "phases", "wandb")
+                      "phases", "wandb", "external.control")
 
 
 # Fields added to the schema after studies were run, each with the value that does what a config

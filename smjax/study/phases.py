@@ -307,7 +307,8 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
         sampler=sampler, tokenizer=shared.tokenizer, prompts=prompts,
         verify=shared.verify, evaluator=evaluator,
         flops_offset=flops_offset, fix_eval_every=fix, stop_at=stop_at,
-        run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)),
+        # Only a phase with a stop rule runs on past it (and declares run_on).
+        run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)) if stop_at else (0, 0.0),
         on_eval=on_eval if snapshot_at else None,
         collapse_advice=f"config.{algo.section}.learning_rate="
         f"{rl.learning_rate} too high for this model (rerun with a lower one into "

@@ -249,7 +249,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                             note="the student's architecture SFT'd on plain chains, as the "
                             "external teacher on verbose ones; not charged to any arm"))
       teachers.append((ph.CONTROL_OPD, "control", control, shared.model_cfg, 41))
-    cap = external_max_new_tokens(config)
+    cap, ref = external_max_new_tokens(config), reference()
     for spec, who, teacher, cfg, stream_seed in teachers:
       ext = rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
                domains=domains,
@@ -374,15 +374,17 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
                     group="recovery", note=how)]
-  external_cfg = get_preset(shared.config.external.teacher_preset)
   opd, grpo = ph.opd(shared), ph.grpo(shared)
+  # Each route's teacher is made as its phase starts (the external one reads its preset then).
   routes = (
-      (ph.RECOVER_SELF, opd, Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
-      (ph.RECOVER_EXTERNAL, opd, Teacher("external", external_cfg, external.params, (rec_d,))),
+      (ph.RECOVER_SELF, opd, lambda: Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
+      (ph.RECOVER_EXTERNAL, opd, lambda: Teacher(
+          "external", get_preset(shared.config.external.teacher_preset), external.params,
+          (rec_d,))),
       (ph.RECOVER_GRPO, grpo, None),
   )
   for i, (spec, algo, teacher) in enumerate(routes):
-    router = None if teacher is None else shared.teacher_router([teacher])
+    router = None if teacher is None else shared.teacher_router([teacher()])
     out = ph.rl_phase(shared, workdir, spec, spec.name, algo=algo, init_params=degraded.params,
                       domains=[rec_d], steps=st.recover_steps, stream_seed=60 + i, router=router,
                       heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
