@@ -11,7 +11,7 @@ DEMO_WORKDIR ?= runs/demo
 # seen. `make test PYTEST_ARGS=` runs one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile --no-loadscope-reorder --durations=15
 
-.PHONY: demo test bench study sandbox-tools malloc-tools clean
+.PHONY: demo test bench study regimes sandbox-tools malloc-tools clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,22 @@ study: $(VENV)/.core sandbox-tools malloc-tools
 	if [ $$fail = 1 ]; then echo "a seed failed: see $(STUDY_WORKDIR)/seed_*.log"; exit 1; fi
 	$(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --workdir=$(STUDY_WORKDIR) \
 	  --config.seeds="($(shell echo $(STUDY_SEEDS) | tr ' ' ','),)"
+
+# The regime map (smjax/study/regimes.py): every cell in turn, each a study in its own workdir under
+# REGIMES_WORKDIR (a finished cell is reused, an interrupted one resumes; a cell whose base misses
+# its band stops, and the next one runs), compiled programs shared through one persistent cache;
+# then the map. REGIMES_CELLS="sparse disjoint_even" runs some.
+REGIMES_WORKDIR ?= runs/regimes
+REGIMES_CELLS ?= $(shell $(BIN)/python -m smjax.study.regimes cells --names 2>/dev/null)
+regimes: $(VENV)/.core sandbox-tools malloc-tools
+	@mkdir -p $(REGIMES_WORKDIR); for c in $(REGIMES_CELLS); do \
+	  echo "cell $$c (log $(REGIMES_WORKDIR)/$$c.log)"; \
+	  JAX_COMPILATION_CACHE_DIR=$(abspath $(REGIMES_WORKDIR))/jax_cache \
+	  $(BIN)/python -m smjax.main --config=configs/regimes.py:$$c --config.progress=False \
+	    --workdir=$(REGIMES_WORKDIR)/$$c > $(REGIMES_WORKDIR)/$$c.log 2>&1 || \
+	    echo "cell $$c stopped: see the end of $(REGIMES_WORKDIR)/$$c.log"; \
+	done
+	$(BIN)/smjax report $(REGIMES_WORKDIR)
 
 test: $(VENV)/.dev sandbox-tools malloc-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -521,3 +521,37 @@ def test_a_field_added_to_the_schema_keeps_earlier_workdirs_comparable():
   assert config_diff(study_config.upgrade_old_config(old), now) == [
       "model.chat_template: 'none' -> 'auto'"]
   assert "chat_template" not in old["model"]   # the saved dict is left as it was
+
+
+def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys):
+  """`smjax report MAP` on a map folder: one cell finished (a copy of the mini study), one still
+  running (its seed has joint GRPO but no MOPD yet); the finished cell's line carries its own
+  report's figures, the running one says so, the others are listed as not started."""
+  from smjax.study import regimes, report_cli  # pylint: disable=import-outside-toplevel
+  root = tmp_path / "map"
+  shutil.copytree(study[0], root / "shared_even")
+  shutil.copytree(study[0], root / "interfering_even")
+  path = root / "interfering_even" / "seed_0" / "arms.json"
+  data = json.load(open(path))
+  data["arms"] = [a for a in data["arms"] if not a["arm"].startswith("split_merge")]
+  json.dump(data, open(path, "w"))
+  assert regimes.is_map(str(root)) and not regimes.is_map(str(study[0]))
+  assert report_cli.main([str(root), "--bootstrap=20"]) == 0
+  out = capsys.readouterr().out
+  m = json.load(open(root / "report" / "map.json"))
+  rows = {r["cell"]: r for r in m["cells"]}
+  assert list(rows) == ["shared_even", "interfering_even"]   # in the grid's order
+  done, running = rows["shared_even"], rows["interfering_even"]
+  assert done["status"] == "done" and done["seeds"] == [0] and done["skill"] == "shared"
+  own = json.load(open(root / "report" / "shared_even" / "report.json"))["frontier"]
+  for on in ("mean", "every"):
+    assert done[on]["saving"]["mean"] == own[on]["0.9"]["saving"]["mean"]
+  assert done["mean"]["verdict"].startswith("split-then-merge") and "joint_grpo" in done["mean"][
+      "verdict"]
+  assert set(done["zero_variance_groups"]) == {"math", "code"}
+  assert all(0.0 <= v <= 1.0 for v in done["zero_variance_groups"].values())
+  assert running["status"] == "running" and running["seeds"] == [] and "mean" not in running
+  assert set(m["not_started"]) == {c.name for c in regimes.CELLS} - set(rows)
+  assert os.path.getsize(root / "report" / "map.png") > 1000
+  assert "| shared_even | shared | even | 1 |" in out and "| interfering_even |" in out
+  assert "Not started:" in out

@@ -702,6 +702,8 @@ def test_rollout_metrics_count_the_completions_that_ran_to_the_cap():
   m = loop_lib.rollout_metrics(loop_lib.Rollout(result, ex, np.array([1.0, 0.0, 0.0, 0.0])))
   assert m["length/at_cap"] == 0.5 and m["length/math"] == 4.0
   assert m["reward/zero_variance_groups"] == 0.5 and m["reward/math"] == 0.5
+  # Per domain: math's one group has rewards 1, 0 (a signal), code's 0, 0 (none).
+  assert m["zero_variance_groups/math"] == 0.0 and m["zero_variance_groups/code"] == 1.0
 
 
 def test_a_checkpoint_sets_headroom_is_against_its_teachers_where_they_were_stopped():

@@ -6,6 +6,7 @@ without running or compiling anything.
   smjax report runs/demo --out=/tmp/rep   # somewhere else
   smjax report runs/demo --bootstrap=0    # point estimates only (fast)
   smjax report runs/two_full --seeds=0,1  # only these seeds (a study whose others are running)
+  smjax report runs/regimes               # a regime map's folder: the map (smjax.study.regimes)
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
   out = a.out or paths.join(a.workdir, "report")
   for where in (a.workdir, out):
     paths.check_workdir(where, checkpoints=False)
+  from smjax.study import regimes
+  if regimes.is_map(a.workdir):   # a regime map's folder: its cells' studies, one line each
+    if a.seeds is not None:
+      raise ValueError(f"--seeds: {a.workdir} is a regime map; each cell reports the seeds that "
+                       "have finished its comparison")
+    data = regimes.map_report(a.workdir, a.out, a.bootstrap)
+    print(paths.read_text(data["paths"]["markdown"]), end="")
+    print(f"map:  {data['paths']['json']}\nplot: {data['paths']['plot']}")
+    return 0
   cfg_path = paths.join(a.workdir, "config.json")
   if not paths.exists(cfg_path):
     raise FileNotFoundError(f"{a.workdir}: not a study workdir (no config.json); give the "

@@ -193,20 +193,25 @@ def completions_text(shown: Sequence[dict]) -> str:
 def rollout_metrics(ro: Rollout) -> dict[str, float]:
   """Per-domain reward and completion length, the share of completions that ran to the token cap
   (`length/at_cap`: truncated, unless the cap's last token ended them), the reward's spread and the
-  share of groups whose rewards are all equal (no GRPO signal); the completion tokens sampled."""
+  share of groups whose rewards are all equal (no GRPO signal: a solved or a hopeless prompt),
+  overall and per domain (where joint GRPO spends samples on a domain it has solved); the
+  completion tokens sampled."""
   out = {}
   lengths = np.asarray(ro.result.lengths_B)
   cap = getattr(getattr(ro.result, "completion_BC", None), "shape", (0, 0))[-1]
   domains = np.array([e.domain for e in ro.examples])
+  groups = ro.rewards_B.reshape(-1, ro.result.num_samples)
+  flat = groups.std(axis=1) == 0
+  group_domains = domains.reshape(-1, ro.result.num_samples)[:, 0]
   for d in sorted(set(domains)):
     sel = domains == d
     out[f"reward/{d}"] = float(ro.rewards_B[sel].mean())
     out[f"length/{d}"] = float(lengths[sel].mean())
-  groups = ro.rewards_B.reshape(-1, ro.result.num_samples)
+    out[f"zero_variance_groups/{d}"] = float(flat[group_domains == d].mean())
   out["tokens/sampled"] = float(lengths.sum())   # MetricLines' tokens/s
   out["reward/mean"] = float(ro.rewards_B.mean())
   out["reward/std"] = float(ro.rewards_B.std())
-  out["reward/zero_variance_groups"] = float(np.mean(groups.std(axis=1) == 0))
+  out["reward/zero_variance_groups"] = float(np.mean(flat))
   if cap:
     out["length/at_cap"] = float(np.mean(lengths >= cap))
   return out

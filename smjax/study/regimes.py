@@ -1,0 +1,331 @@
+"""The regime map: under which conditions does split-then-merge save compute, and by how much?
+
+One study cannot say: its verdict holds for its domains. The map runs the main comparison (the
+base, joint GRPO, experts at the per-domain batch, the MOPD frontier: claims (a) and (b)) over a
+grid of conditions, each condition (a *cell*) a whole study in its own workdir under the map's
+folder, so that a cell resumes from its checkpoints, a finished cell is reused, and the map renders
+from whatever cells have finished seeds:
+
+  make regimes REGIMES_WORKDIR=runs/regimes           # every cell in turn (hours on 2 cores)
+  python -m smjax.main --config=configs/regimes.py:disjoint_even --workdir=runs/regimes/disjoint_even
+  smjax report runs/regimes                           # the map, partial while cells run
+  python -m smjax.study.regimes cells                 # the cells' names, conditions, domains
+
+The grid: skill {shared, disjoint, interfering} x difficulty {even, uneven}, plus two extra cells:
+strong-to-weak (experts of a bigger model than the student) and sparse (a base far below the
+usual band, with chains of several decision sites of more than one kind). Per cell the map gives
+the frontier's saving at the report's target level (mean over domains, and every domain at its
+level) with its seed-level interval and how many seeds agree, and the diagnostics that explain
+it: joint GRPO's share of zero-advantage groups per domain (samples spent on a domain it has
+solved, or cannot yet solve), each route's FLOPs to the level, distillation's share of the
+experts' FLOPs.
+
+Cells are `Cell`s: their settings are config overrides on `study_defaults()`, sized as the full
+two-domain study (`configs/study.py:two_domain,full,main`), each calibrated so that its base
+lands in the cell's band on every seed (benchmarks/study_seeds.py --base-only); a seed outside
+the band stops that cell, and the map says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import json
+import math
+import sys
+from typing import Any
+
+import ml_collections as mlc
+import numpy as np
+
+from smjax import paths
+from smjax.checkpoint_meta import read_json
+
+SKILLS = ("shared", "disjoint", "interfering")
+DIFFICULTIES = ("even", "uneven")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One condition of the map: its name (the cell's directory), where it sits on the grid
+  (`skill`, `difficulty`; `extra` for the cells beside the grid), what it tests in words, and its
+  config overrides (dotted field -> value) on the full study's settings."""
+  name: str
+  skill: str
+  difficulty: str
+  about: str
+  settings: dict[str, Any]
+  extra: str = ""
+
+
+# Shared by every cell: the main comparison at the full study's sizes, three seeds (the map's
+# cost is cells x seeds; five where the budget allows: --config.seeds).
+_COMMON = {"phases": ("base", "joint", "experts", "mopd"), "seeds": (0, 1, 2),
+           "mopd.steps": 400, "eval.points": 10}
+
+CELLS = (
+    Cell("shared_even", "shared", "even",
+         "math and code: one column rule with a carry or borrow flag; both at level 1",
+         {"domains": ("math", "code")}),
+    Cell("shared_uneven", "shared", "uneven",
+         "math at its hard level (three-term sums: about 4 decision sites of two kinds, a carry "
+         "dropped or a carry of 2 taken as 1) beside code at level 1: joint GRPO keeps "
+         "sampling code once code is solved",
+         {"domains": ("math", "code"), "domain_difficulty": "math=3"}),
+    Cell("disjoint_even", "disjoint", "even",
+         "math and strings (a running tally): no shared rule; both at level 1",
+         {"domains": ("math", "strings"), "base.domain_correct_fraction": "strings=0.3"}),
+    Cell("disjoint_uneven", "disjoint", "uneven",
+         "strings at its hard level (10 letters over 6: about 8 sites, a repeat not counted "
+         "or a letter left unsorted) beside math at level 1",
+         {"domains": ("math", "strings"), "domain_difficulty": "strings=3",
+          "base.domain_correct_fraction": "strings=0.3"}),
+    Cell("interfering_even", "interfering", "even",
+         "add and sub: one surface form (a?b), opposite operations told apart by a one-letter "
+         "tag; joint GRPO must learn to condition on it from a one-bit reward",
+         {"domains": ("add", "sub")}),
+    Cell("interfering_uneven", "interfering", "uneven",
+         "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
+         {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48}),
+    Cell("strong_to_weak", "shared", "even",
+         "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
+         "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
+         {"domains": ("math", "code"), "experts.preset": "toy-small"}, extra="strong-to-weak"),
+    Cell("sparse", "shared", "even",
+         "math and code at their hard levels (at least 3 decision sites of two kinds in every "
+         "answer; code's chains up to 51 tokens) with a base far below the usual band (sampled "
+         "accuracy ~2-15 %, pass@8 ~10-40 %): the one-bit reward is sparse",
+         {"domains": ("math", "code"), "domain_difficulty": "math=3,code=3",
+          "base.correct_fraction": 0.05, "band.low": 0.02, "band.high": 0.15,
+          "band.min_headroom": 0.05, "model.max_seq_len": 80, "base.seq_len": 80,
+          "rl.max_new_tokens": 56},
+         extra="sparse"),
+)
+
+
+def cell(name: str) -> Cell:
+  """The cell called `name`; ValueError naming the known cells."""
+  for c in CELLS:
+    if c.name == name:
+      return c
+  raise ValueError(f"regime cell {name!r} is not one of {[c.name for c in CELLS]}")
+
+
+def _set(c: mlc.ConfigDict, field: str, value) -> None:
+  *sections, key = field.split(".")
+  d = c
+  for s in sections:
+    d = d[s]
+  if key not in d:
+    raise ValueError(f"regime cell setting {field!r}: the study config has no such field")
+  d[key] = value
+
+
+def cell_config(name: str, *, tiny: bool = False) -> mlc.ConfigDict:
+  """The study config of cell `name`: the study's defaults at the full two-domain sizes, the
+  main comparison's phases, then the cell's settings. `tiny`: sizes for a test (seconds of
+  training, one seed, no band check): the cell's conditions, none of its figures' meaning."""
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.study.config import study_defaults
+  spec = cell(name)
+  c = study_defaults()
+  c.name = f"regimes/{name}"
+  n = len(spec.settings.get("domains", c.domains))
+  settings = {**_COMMON, "joint.steps": 400 * n, "experts.steps": 400 * n, **spec.settings}
+  if tiny:
+    settings.update({
+        "seeds": (0,), "heldout_size": 16, "stop_size": 16, "eval.batch_size": 16,
+        "eval.points": 3, "base.steps": 20, "joint.steps": 6, "experts.steps": 6,
+        "mopd.steps": 6, "rl.prompts_per_step": 4, "opd.prompts_per_step": 4,
+        "rl.samples_per_prompt": 4, "opd.samples_per_prompt": 2, "checkpoint_every": 2,
+        "band.check": False, "eval.samples": 2, "eval.greedy": False, "progress": False})
+  for field, value in settings.items():
+    _set(c, field, value)
+  return c
+
+
+# ------------------------------------------------------------------------------- the map report
+
+MAP_FILE = "map.json"
+
+
+def is_map(workdir: str) -> bool:
+  """Whether `workdir` is a map's folder: no study of its own (config.json), and at least one
+  cell's workdir (a directory named after a cell, holding a config.json)."""
+  if paths.exists(paths.join(workdir, "config.json")):
+    return False
+  return any(paths.exists(paths.join(workdir, c.name, "config.json")) for c in CELLS)
+
+
+def _zero_variance(cell_dir: str, seeds, domains) -> dict[str, float]:
+  """Joint GRPO's share of groups whose rewards are all equal, per domain, over its whole run and
+  the given seeds (its metrics.jsonl rows): samples that carried no GRPO signal."""
+  vals: dict[str, list[float]] = {d: [] for d in domains}
+  for s in seeds:
+    path = paths.join(cell_dir, f"seed_{s}", "joint_grpo", "logs", "metrics.jsonl")
+    if not paths.exists(path):
+      continue
+    for line in paths.read_text(path).splitlines():
+      row = json.loads(line) if line.strip() else {}
+      for d in domains:
+        v = row.get(f"zero_variance_groups/{d}")
+        if v is not None:
+          vals[d].append(float(v))
+  return {d: float(np.mean(v)) for d, v in vals.items() if v}
+
+
+def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = None) -> dict:
+  """One cell's line of the map from its workdir: its report (written to `out_dir`), the saving
+  at the target level on both frontiers with their intervals and seed agreement, distillation's
+  share, each route's FLOPs to the level, joint GRPO's zero-advantage share per domain. A cell
+  with no finished comparison yet says what it has."""
+  # pylint: disable=import-outside-toplevel
+  from smjax.study.run import load_arms, make_report
+  from smjax.study.verdicts import _saving_line
+  spec = next((c for c in CELLS if c.name == name), None)
+  row = {"cell": name, "skill": spec.skill if spec else "?",
+         "difficulty": spec.difficulty if spec else "?", "extra": spec.extra if spec else "",
+         "about": spec.about if spec else ""}
+  config = mlc.ConfigDict(read_json(paths.join(cell_dir, "config.json"),
+                                    "rerun the cell's study command, which writes it",
+                                    keys=("report", "phases")))
+  if bootstrap is not None:
+    config.report.bootstrap = bootstrap
+  arms = load_arms(cell_dir)
+  ref = config.report.reference_arm
+  done = sorted({a.seed for a in arms if a.arm == ref} & {a.seed for a in arms
+                                                        if a.arm == "split_merge"})
+  row["seeds"], row["seeds_started"] = done, sorted({a.seed for a in arms})
+  row["domains"] = list(config.domains)
+  if not done:
+    row["status"] = "running" if arms else "not started"
+    return row
+  report = make_report(config, [a for a in arms if a.seed in done], out_dir)
+  row["status"] = "done" if done == sorted(config.seeds) else "partial"
+  level = f"{float(config.report.target_fraction):g}"
+  row["level"] = float(config.report.target_fraction)
+  row["interval"] = report.get("interval")
+  for on in ("mean", "every"):
+    f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
+    if "saving" not in f:
+      continue
+    row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets")}
+    row[on]["verdict"] = _saving_line("split-then-merge", f["saving"], ref,
+                                      flops=f.get("split"))
+  row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
+  return row
+
+
+def map_report(workdir: str, out: str | None = None, bootstrap: int | None = None) -> dict:
+  """The map from `workdir`'s cells (every cell directory that holds a study, in CELLS' order,
+  then any other): each cell's report under `out`/<cell>/, and `out`/map.json, map.md and
+  map.png (the savings with their intervals per cell)."""
+  out = out or paths.join(workdir, "report")
+  names = [c.name for c in CELLS]
+  found = [n for n in names if paths.exists(paths.join(workdir, n, "config.json"))]
+  if not found:
+    raise ValueError(f"{workdir}: no cell of the regime map has started (expected directories "
+                     f"named after cells: {names})")
+  rows = [cell_row(n, paths.join(workdir, n), paths.join(out, n), bootstrap) for n in found]
+  data = {"map": workdir, "cells": rows, "not_started": [n for n in names if n not in found]}
+  paths.makedirs(out)
+  paths.write_atomic(paths.join(out, MAP_FILE), json.dumps(data, indent=1, default=_jsonable))
+  paths.write_atomic(paths.join(out, "map.md"), map_markdown(data))
+  png = io.BytesIO()
+  plot_map(data, png)
+  paths.write_atomic(paths.join(out, "map.png"), png.getvalue(), tmp_suffix=".tmp.png")
+  data["paths"] = {"json": paths.join(out, MAP_FILE), "markdown": paths.join(out, "map.md"),
+                   "plot": paths.join(out, "map.png")}
+  return data
+
+
+def _jsonable(x):
+  if isinstance(x, (np.floating, np.integer)):
+    return x.item()
+  raise TypeError(f"not JSON-serialisable: {type(x)}")
+
+
+def _pct(v: dict | None) -> str:
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.study.render import _ci
+  return _ci(v, pct=True, signed=True) if v else "-"
+
+
+def map_markdown(data: dict) -> str:
+  """The map as a markdown table (one row per cell) and each cell's verdict line."""
+  head = ("| cell | skill | difficulty | seeds | saving at the level, mean [interval] | "
+          "every domain at its level | distillation / experts | joint GRPO's zero-advantage "
+          "groups |")
+  lines = [head, "|---|---|---|---|---|---|---|---|"]
+  for r in data["cells"]:
+    mean, every = r.get("mean") or {}, r.get("every") or {}
+    zv = " ".join(f"{d} {100 * v:.0f}%" for d, v in sorted(
+        (r.get("zero_variance_groups") or {}).items())) or "-"
+    seeds = f"{len(r['seeds'])}" + ("" if r["status"] == "done" else f" ({r['status']})")
+    lines.append(f"| {r['cell']} | {r['skill']} | {r['difficulty']}"
+                 f"{' + ' + r['extra'] if r['extra'] else ''} | {seeds} | "
+                 f"{_pct(mean.get('saving'))} | {_pct(every.get('saving'))} | "
+                 f"{_pct(mean.get('distillation_share')).lstrip('+')} | {zv} |")
+  verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
+              for r in data["cells"] if r.get("mean")]
+  missing = data.get("not_started") or []
+  tail = [f"\nNot started: {', '.join(missing)}."] if missing else []
+  return "\n".join(lines + ([""] + verdicts if verdicts else []) + tail) + "\n"
+
+
+def plot_map(data: dict, path) -> None:
+  """Each cell's saving at the level (mean over domains) with its interval and its seeds' values;
+  0 (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file
+  object (PNG)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  rows = [r for r in data["cells"] if r.get("mean")]
+  fig, ax = plt.subplots(figsize=(7, 0.5 * max(3, len(rows)) + 1.2))
+  for i, r in enumerate(rows):
+    s = r["mean"]["saving"]
+    m, lo, hi = (_float(s.get(k)) for k in ("mean", "lo", "hi"))
+    if math.isfinite(lo) and math.isfinite(hi):
+      ax.plot([100 * lo, 100 * hi], [i, i], color="C0", lw=2)
+    if math.isfinite(m):
+      ax.plot([100 * m], [i], "o", color="C0")
+    xs = [100 * _float(x) for x in s.get("per_seed") or []]
+    ax.plot([x for x in xs if math.isfinite(x)], [i] * sum(math.isfinite(x) for x in xs), "x",
+            color="C1", ms=5)
+  ax.axvline(0, color="k", lw=0.8)
+  ax.axvline(42, color="C2", ls="--", lw=0.8, label="the paper's 42 %")
+  ax.set_yticks(range(len(rows)), [r["cell"] for r in rows])
+  ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)")
+  ax.set_title("The regime map: o mean [interval], x seeds")
+  ax.legend(loc="lower right", fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, format="png")
+  plt.close(fig)
+
+
+def _float(x) -> float:
+  try:
+    return float(x)
+  except (TypeError, ValueError):
+    return math.nan
+
+
+def main(argv: list[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m smjax.study.regimes",
+                              description=__doc__.split("\n\n")[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  cells = sub.add_parser("cells", help="the cells' names, conditions and domains")
+  cells.add_argument("--names", action="store_true", help="the names alone, one per line")
+  a = p.parse_args(argv)
+  if a.cmd == "cells" and a.names:
+    print("\n".join(c.name for c in CELLS))
+  elif a.cmd == "cells":
+    for c in CELLS:
+      print(f"{c.name:20s} {c.skill:12s} {c.difficulty:7s} {c.extra:15s} "
+            f"{','.join(c.settings.get('domains', ()))}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
