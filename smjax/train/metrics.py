@@ -191,7 +191,19 @@ def progress_bar_shown(progress: bool) -> bool:
   a terminal or a notebook's. Without one it prints `MetricLines` instead, so that a log file
   (`make study`, a TPU pod's) gets plain lines, not a bar's carriage returns."""
   isatty = getattr(sys.stderr, "isatty", None)
-  return bool(progress) and (bool(isatty and isatty()) or "ipykernel" in sys.modules)
+  return bool(progress) and (bool(isatty and isatty()) or _in_notebook())
+
+
+def _in_notebook() -> bool:
+  """Whether this process is a notebook's kernel (Jupyter, Colab), not merely one that imported
+  ipykernel (a test suite's earlier module, a library)."""
+  if "ipykernel" not in sys.modules or "IPython" not in sys.modules:
+    return False
+  try:
+    from ipykernel.zmqshell import ZMQInteractiveShell  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return False
+  return isinstance(sys.modules["IPython"].get_ipython(), ZMQInteractiveShell)
 
 
 def sci(x: float) -> str:
