@@ -182,7 +182,6 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   with no finished comparison yet says what it has."""
   # pylint: disable=import-outside-toplevel
   from smjax.study.run import load_arms, make_report
-  from smjax.study.verdicts import _saving_line
   spec = next((c for c in CELLS if c.name == name), None)
   row = {"cell": name, "skill": spec.skill if spec else "?",
          "difficulty": spec.difficulty if spec else "?", "extra": spec.extra if spec else "",
@@ -206,13 +205,14 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   level = f"{float(config.report.target_fraction):g}"
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
-  for on in ("mean", "every"):
+  for on, where in (("mean", "mean over domains"), ("every", "every domain at its level")):
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:
       continue
     row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets")}
-    row[on]["verdict"] = _saving_line("split-then-merge", f["saving"], ref,
-                                      flops=f.get("split"))
+    # The cell's own verdict line on claim (a) at the level (smjax.study.verdicts).
+    row[on]["verdict"] = next((v for v in report.get("verdicts") or []
+                               if v.startswith("(a)") and f"({where})" in v), "")
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
   return row
 
