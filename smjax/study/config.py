@@ -69,9 +69,10 @@ def study_defaults() -> mlc.ConfigDict:
   # overridden per domain by `domain_difficulty="code=3,math=2"` (others: `difficulty`). In the
   # chain form every toy domain has levels 0-3; 3 is the hard level, where every example has
   # several mistake sites of two kinds (smjax.domains.chains), so that the one-bit reward is
-  # sparse. Some levels' chains are longer than rl.max_new_tokens and base.seq_len allow (logic
-  # 3: a 24-token prompt, a 65-token chain): the toy modules' docstrings give each level's
-  # longest prompt and chain, which base.seq_len, rl.max_new_tokens and model.max_seq_len fit.
+  # sparse. Some levels' chains are longer than the defaults of rl.max_new_tokens and
+  # base.seq_len hold (logic 3: a 24-token prompt, a 65-token chain): the toy modules' docstrings
+  # give each level's longest prompt and chain, and a study whose settings cannot hold them is
+  # refused at start (check_lengths), naming the field and what fits.
   c.difficulty = 1
   c.domain_difficulty = ""
   # form: "chain" (the toy domains' solutions are written-out chains of >= ~24 tokens before the

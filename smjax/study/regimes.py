@@ -84,10 +84,14 @@ CELLS = (
     Cell("interfering_even", "interfering", "even",
          "add and sub: one surface form (a?b), opposite operations told apart by a one-letter "
          "tag; joint GRPO must learn to condition on it from a one-bit reward",
-         {"domains": ("add", "sub")}),
+         # Every add/sub example has a decision site (the base's accuracy is about the
+         # mixture's rate, not lifted by examples without one): seed 0 landed at 13-14 % with
+         # math's 0.1, below the band.
+         {"domains": ("add", "sub"), "base.correct_fraction": 0.3}),
     Cell("interfering_uneven", "interfering", "uneven",
          "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
-         {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48}),
+         {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48,
+          "base.correct_fraction": 0.3}),
     Cell("strong_to_weak", "shared", "even",
          "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
          "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
