@@ -49,6 +49,9 @@ def get_config(arg=None):
     c.opd.eval_refine = 8
     c.experts.bars = (0.9, 1.0)
     c.checkpoint_every = 100
+    # The two experts side by side, then the MOPD runs from their checkpoint sets: one process
+    # using both cores of the demo's 2-core budget (the same results as one at a time).
+    c.parallel_phases = 2
   else:
     c.seeds = (0, 1, 2, 3, 4)
     c.joint.steps = 400 * n

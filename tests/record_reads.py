@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,20 +36,33 @@ _paths: dict[int, str] = {}     # id(ConfigDict) -> its dotted prefix in a study
 _alive: list = []               # the registered dicts, so that their ids stay theirs
 _segments: list[dict] = []
 _mute = 0
+# Phases that run side by side (config.parallel_phases) run in threads: each thread's reads go to
+# its own open segment; the main thread's gaps are the segments between its own calls.
+_open = threading.local()
+_lock = threading.Lock()
 
 
 def _segment(kind: str, name: str = "", declared=()) -> dict:
   seg = {"kind": kind, "name": name, "declared": list(declared), "reads": []}
-  _segments.append(seg)
+  with _lock:
+    _segments.append(seg)
+  _open.seg = seg
   return seg
 
 
+_phase_thread_ended = threading.Event()   # the main thread's next read opens a new gap
+
+
 def _record(field: str) -> None:
-  if not _segments:
-    _segment("setup")
-  reads = _segments[-1]["reads"]
-  if field not in reads:
-    reads.append(field)
+  main = threading.current_thread() is threading.main_thread()
+  if main and _phase_thread_ended.is_set():   # after phases that ran in threads
+    _phase_thread_ended.clear()
+    _segment("gap")
+  seg = getattr(_open, "seg", None)
+  if seg is None:   # the main thread's first read, or a phase thread's outside any phase
+    seg = _segment("setup" if threading.current_thread() is threading.main_thread() else "gap")
+  if field not in seg["reads"]:
+    seg["reads"].append(field)
 
 
 def _install() -> None:
@@ -101,8 +115,13 @@ def _install() -> None:
       try:
         return fn(*args, **kwargs)
       finally:
-        _segment("gap")
-        _dump()
+        if threading.current_thread() is threading.main_thread():
+          _segment("gap")
+        else:
+          _open.seg = None
+          _phase_thread_ended.set()
+        with _lock:
+          _dump()
     return wrapper
 
   phase = lambda workdir, config, name, reads, *a, **k: (name, tuple(reads))  # noqa: E731

@@ -30,7 +30,7 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
                       "report.confidence", "report.levels", "band", "self_teacher.min_loss",
                       "self_teacher.recover_target_fraction", "collapse_window", "seeds",
-                      "phases", "wandb", "external.control")
+                      "phases", "wandb", "external.control", "parallel_phases")
 
 
 # Fields added to the schema after studies were run, each with the value that does what a config
@@ -39,11 +39,12 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "repo
 # earlier workdir whose run it would not change. model.chat_template: raw-text prompts were all
 # there was; "auto" is the same for the char tokenizer (no template), "none" for an HF model.
 # experts.preset: the experts were the student's model, which "" names. domain_difficulty: every
-# domain took `difficulty`, which "" means.
+# domain took `difficulty`, which "" means. parallel_phases: one phase at a time (run-neutral).
 ADDED_FIELDS = {
     "model.chat_template": lambda old: "none" if old.get("model", {}).get("hf_path") else "auto",
     "experts.preset": lambda old: "",
     "domain_difficulty": lambda old: "",
+    "parallel_phases": lambda old: 1,
 }
 
 
@@ -99,6 +100,11 @@ def study_defaults() -> mlc.ConfigDict:
   # defaulting to the study workdir's name. WANDB_MODE=offline logs without the network.
   c.wandb = mlc.ConfigDict(dict(project="", entity="", group=""))
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
+  # Phases of a seed that depend on none of each other (the experts; the MOPD runs from each set
+  # of their checkpoints) run up to this many at a time, in threads: the same results in less
+  # wall time where cores would idle (the toy model keeps about one busy; `make demo` runs 2).
+  # Leave it at 1 when several seeds run as processes side by side (`make study`).
+  c.parallel_phases = 1
   # An RL/OPD phase stops with a CollapseError when, for this many steps in a row, no sample
   # scores and the gradient is 0, or the policy's entropy sits at ln V; or when its held-out
   # accuracy falls to 0 after it was above 5% (smjax.train.guards.Collapse). 0: no check.
@@ -320,6 +326,9 @@ def validate(c: mlc.ConfigDict) -> None:
     if int(c.self_teacher.eval_refine) < 1:
       raise ValueError(f"config.self_teacher.eval_refine={c.self_teacher.eval_refine} must be "
                        ">= 1 (1: the recovery arms are evaluated as often as the others)")
+  if int(c.parallel_phases) < 1:
+    raise ValueError(f"config.parallel_phases={c.parallel_phases} must be >= 1 (1: one phase "
+                     "at a time)")
   for field in ("log_every", "checkpoint_every", "collapse_window"):
     if int(c[field]) < (1 if field == "log_every" else 0):
       raise ValueError(f"config.{field}={c[field]} must be >= "

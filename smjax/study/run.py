@@ -29,16 +29,19 @@ program compiles once.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
 import os
 
+import jax
 import ml_collections as mlc
 
 from smjax import distributed, paths
 from smjax import domains as domains_lib
 from smjax.checkpoint import ConfigMismatchError
+from smjax.preemption import PreemptionGuard
 from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
@@ -125,6 +128,22 @@ def _expert_sets(config, experts: dict[str, PhaseOutput]) -> list[tuple[str, dic
   return out
 
 
+def _side_by_side(fn, items: list, workers: int) -> list:
+  """[fn(item) for item in items], up to `workers` at a time in threads (config.parallel_phases):
+  for phases that depend on none of each other. Each phase's programs, data streams and files
+  are its own, so the results are those of the phases run in turn; with 2 CPU cores and a toy
+  model that keeps one busy, two phases take about the wall time of one. The first error is
+  raised (after the others have finished)."""
+  if workers <= 1 or len(items) <= 1 or jax.process_count() > 1:   # hosts run phases in step
+    return [fn(x) for x in items]
+  # SIGTERM reaches the threads' loops through the guard the main thread holds.
+  with PreemptionGuard(), concurrent.futures.ThreadPoolExecutor(
+      min(workers, len(items)), thread_name_prefix="phase") as pool:
+    futures = [pool.submit(fn, x) for x in items]
+    concurrent.futures.wait(futures)
+    return [f.result() for f in futures]
+
+
 def _stop_final(out: PhaseOutput) -> dict:
   """A phase's final accuracy on the stop set (what the stop rules read)."""
   return rules.stop_accuracy(out.curve[-1])
@@ -139,6 +158,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   # one's, with a seed record of its own (built before any phase: nothing compiles yet).
   grown = shared if shared.experts_model is None else experts_shared(shared)
   phases = set(config.phases)
+  workers = int(config.parallel_phases)
   domains = domain_keys(config)   # every domain by its name (an import path's: its `name`)
   train = _train_flops
   arms = _ArmLog(workdir)
@@ -181,27 +201,37 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     experts = {}
     per_step = (int(config.experts.prompts_per_step) or
                 max(1, int(config.rl.prompts_per_step) // len(domains)))
-    for i, d in enumerate(domains):
+    # Bars: shares of joint GRPO's final gain over the base, from the experts' own start.
+    bars = {d: {} if ref is None else {
+        f"{float(b):g}": rules.bar_rule(d, _stop_final(grown_base), ref, float(b))
+        for b in config.experts.bars} for d in domains}
+    last_bar = f"{float(config.experts.bars[-1]):g}"
+    steps, refine = config.experts.steps, int(config.experts.eval_refine)
+
+    def expert(i, d):
+      return rl(ph.EXPERT, ph.EXPERT.dir(domains_lib.domain_label(d)), on=grown,
+                algo=ph.grpo(grown), init_params=grown_base.params, domains=[d], steps=steps,
+                stream_seed=20 + i, eval_refine=refine, stop_at=bars[d].get(last_bar),
+                prompts_per_step=per_step, snapshot_at=bars[d])
+    # The experts are independent of each other: side by side when the seed's evaluation grid
+    # is fixed already (joint GRPO fixed it; an expert would otherwise fix it).
+    experts = dict(zip(domains, _side_by_side(
+        lambda x: expert(*x), list(enumerate(domains)), workers if joint is not None else 1)))
+    for d in domains:
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
-      # Bars: shares of joint GRPO's final gain over the base, from the expert's own start.
-      bars = {} if ref is None else {
-          f"{float(b):g}": rules.bar_rule(d, _stop_final(grown_base), ref, float(b))
-          for b in config.experts.bars}
-      experts[d] = rl(ph.EXPERT, name, on=grown, algo=ph.grpo(grown),
-                      init_params=grown_base.params, domains=[d],
-                      steps=config.experts.steps, stream_seed=20 + i,
-                      eval_refine=int(config.experts.eval_refine),
-                      stop_at=bars.get(f"{float(config.experts.bars[-1]):g}"),
-                      prompts_per_step=per_step, snapshot_at=bars)
       arms.append(ArmResult(name, seed, experts[d].curve, train(experts[d]),
                             note=f"GRPO on {d} only, {per_step} prompts per step" + (
                                 "" if grown is shared else f", {preset} from base_strong"),
-                            reached=experts[d].extra.get("reached") if bars else None,
+                            reached=experts[d].extra.get("reached") if bars[d] else None,
                             experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
       template = grown.abstract_params()
-      for arm, members in _expert_sets(config, experts):
+      mopd_steps, plateau = config.mopd.steps, (int(config.mopd.plateau_evals),
+                                                 float(config.mopd.plateau_tol))
+      refine, capture = int(o.eval_refine), o.capture_fraction
+
+      def distil(arm, members):   # MOPD from one set of the experts' checkpoints
         params = {d: experts[d].params if m["at"] == "final" else store.load_params(
             store.snapshot_dir(workdir, names[d], m["at"]), template, f"{names[d]} at {m['at']}")
                   for d, m in members.items()}
@@ -211,14 +241,16 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         teacher_acc = {d: rules.stop_accuracy(_point_at(experts[d].curve, m["step"]))[d]
                        for d, m in members.items()}
         expert_flops = sum(m["flops"] for m in members.values())
-        mopd = rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
-                  init_params=base.params, domains=domains, steps=config.mopd.steps,
+        return rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
+                  init_params=base.params, domains=domains, steps=mopd_steps,
                   stream_seed=30, flops_offset=expert_flops,
-                  router=shared.teacher_router(teachers), eval_refine=int(o.eval_refine),
+                  router=shared.teacher_router(teachers), eval_refine=refine,
                   stop_at=rules.all_rules(
-                      rules.capture_rule(_stop_final(base), teacher_acc, o.capture_fraction),
-                      rules.Plateau(int(config.mopd.plateau_evals),
-                                    float(config.mopd.plateau_tol))))
+                      rules.capture_rule(_stop_final(base), teacher_acc, capture),
+                      rules.Plateau(*plateau)))
+      sets = _expert_sets(config, experts)
+      for (arm, members), mopd in zip(sets, _side_by_side(lambda a: distil(*a), sets, workers)):
+        expert_flops = sum(m["flops"] for m in members.values())
         by_phase: dict[str, float] = {}
         for part in [m["flops_by_phase"] for m in members.values()] + [train(mopd)]:
           for p, v in part.items():
