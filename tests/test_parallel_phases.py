@@ -68,3 +68,22 @@ def test_a_guard_in_a_thread_follows_the_main_threads():
   t.start()
   t.join(10)
   assert errors and "main thread to hold a guard" in errors[0]
+
+
+def test_ctrl_c_stops_the_phases_in_threads_at_their_next_step():
+  """Only the main thread gets KeyboardInterrupt: the threads' loops see it through the guard,
+  stop (as at SIGTERM, saved), and the interrupt is raised once they have."""
+  stopped = []
+
+  def phase(x):
+    if x == 0:
+      time.sleep(0.3)   # the main thread is waiting on the phases by now
+      os.kill(os.getpid(), signal.SIGINT)   # Ctrl-C: delivered to the main thread
+    with PreemptionGuard() as g:
+      deadline = time.time() + 20
+      while not g.should_stop() and time.time() < deadline:
+        time.sleep(0.01)
+      stopped.append(g.received)
+  with pytest.raises(KeyboardInterrupt):
+    _side_by_side(phase, [0, 1], workers=2)
+  assert stopped == [signal.SIGINT, signal.SIGINT]

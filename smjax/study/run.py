@@ -34,6 +34,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 
 import jax
 import ml_collections as mlc
@@ -136,11 +137,17 @@ def _side_by_side(fn, items: list, workers: int) -> list:
   raised (after the others have finished)."""
   if workers <= 1 or len(items) <= 1 or jax.process_count() > 1:   # hosts run phases in step
     return [fn(x) for x in items]
-  # SIGTERM reaches the threads' loops through the guard the main thread holds.
-  with PreemptionGuard(), concurrent.futures.ThreadPoolExecutor(
+  # SIGTERM reaches the threads' loops through the guard the main thread holds; so does Ctrl-C
+  # (which only the main thread receives): each phase stops at its next step, saved.
+  with PreemptionGuard() as guard, concurrent.futures.ThreadPoolExecutor(
       min(workers, len(items)), thread_name_prefix="phase") as pool:
     futures = [pool.submit(fn, x) for x in items]
-    concurrent.futures.wait(futures)
+    try:
+      concurrent.futures.wait(futures)
+    except KeyboardInterrupt:
+      guard.received = signal.SIGINT
+      concurrent.futures.wait(futures)
+      raise
     return [f.result() for f in futures]
 
 
