@@ -41,6 +41,7 @@ import numpy as np
 
 from smjax import paths
 from smjax.checkpoint_meta import read_json
+from smjax.study import stats
 
 SKILLS = ("shared", "disjoint", "interfering")
 DIFFICULTIES = ("even", "uneven")
@@ -289,12 +290,12 @@ def plot_map(data: dict, path) -> None:
   fig, ax = plt.subplots(figsize=(7, 0.5 * max(3, len(rows)) + 1.2))
   for i, r in enumerate(rows):
     s = r["mean"]["saving"]
-    m, lo, hi = (_float(s.get(k)) for k in ("mean", "lo", "hi"))
+    m, lo, hi = (stats.number(s.get(k)) for k in ("mean", "lo", "hi"))
     if math.isfinite(lo) and math.isfinite(hi):
       ax.plot([100 * lo, 100 * hi], [i, i], color="C0", lw=2)
     if math.isfinite(m):
       ax.plot([100 * m], [i], "o", color="C0")
-    xs = [100 * _float(x) for x in s.get("per_seed") or []]
+    xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
     ax.plot([x for x in xs if math.isfinite(x)], [i] * sum(math.isfinite(x) for x in xs), "x",
             color="C1", ms=5)
   ax.axvline(0, color="k", lw=0.8)
@@ -306,13 +307,6 @@ def plot_map(data: dict, path) -> None:
   fig.tight_layout()
   fig.savefig(path, dpi=110, format="png")
   plt.close(fig)
-
-
-def _float(x) -> float:
-  try:
-    return float(x)
-  except (TypeError, ValueError):
-    return math.nan
 
 
 def main(argv: list[str] | None = None) -> int:
