@@ -351,6 +351,46 @@ def test_none_mode_warns_loudly(caplog):
   assert "NO ISOLATION" in caplog.text
 
 
+# ------------------------------------------------------------------------- the results cache
+_PID = "def f(x):\n  import os\n  return os.getpid()\n"   # a new value on every real run
+
+
+def test_completed_io_jobs_are_kept_and_not_run_again(pool):
+  """An identical io job gets the kept result (the same pid: not run again), a different one runs;
+  a returned result is a copy; timeouts and check jobs are never kept."""
+  hits = pool.cache_hits
+  a, b = Job(_PID, calls=((1,),)), Job(_PID, calls=((2,),))
+  (ra,) = pool.run([a])
+  ra2, rb = pool.run([a, b])
+  assert ra.status == ra2.status == rb.status == "ok"
+  assert ra2.outputs == ra.outputs and rb.outputs != ra.outputs
+  assert pool.cache_hits == hits + 1
+  ra2.outputs.clear()
+  ra2.status = "changed"
+  (ra3,) = pool.run([a])
+  assert ra3.status == "ok" and ra3.outputs == ra.outputs
+  loop = Job("while True:\n  pass\n", calls=((0,),), limits=Limits(timeout_s=T))
+  tests = "def check(candidate):\n  assert candidate(2) == 5\n"
+  check = Job("def f(x):\n  return 2 * x + 1\n", tests=tests)
+  hits = pool.cache_hits
+  for _ in range(2):
+    t, c = pool.run([loop, check])
+    assert t.status == "timeout" and c.passed
+  assert pool.cache_hits == hits
+
+
+def test_the_cache_is_bounded_and_can_be_off():
+  with SandboxPool(1, cache_size=1) as p:
+    a, b = Job(_PID, calls=((1,),)), Job(_PID, calls=((2,),))
+    (first,) = p.run([a])
+    p.run([b])                           # evicts a
+    (again,) = p.run([a])
+    assert again.outputs != first.outputs and p.cache_hits == 0
+  with SandboxPool(1, cache_size=0) as p:
+    r1, r2 = p.run([a]), p.run([a])
+    assert r1[0].outputs != r2[0].outputs and p.cache_hits == 0
+
+
 def test_fresh_interpreter_mode():
   with SandboxPool(2, fresh_interpreter=True) as p:
     rs = p.run([Job("x * 2", kind="expr", calls=((i,),)) for i in range(4)])

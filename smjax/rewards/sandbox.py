@@ -35,6 +35,7 @@ tricks, printed "PASS" lines, monkeypatching and objects with a lying __eq__ all
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -308,10 +309,20 @@ class SandboxPool:
   candidates may read (bwrap binds them read-only at the same path; unshare rebinds them where a
   0700 parent or its private /tmp would hide them; none sees the host file system as it is).
   The first worker starts here, so a sandbox that cannot work fails at construction.
+
+  Results of io jobs that completed (status ok or error) are kept (the last `cache_size` jobs)
+  and an identical job (same program, calls and limits) later gets the kept result without
+  running again: a study evaluates the same held-out prompts many times, and a model that has
+  learnt a program writes it again and again (in the toy `code` domain most of an evaluation's
+  time was these repeats). A job is taken to be a function of its fields, as `run` already does
+  within one call (identical jobs run once): a candidate whose outputs depend on chance or the
+  clock is scored by its first run. Timeouts and crashes depend on the machine's load and are
+  never kept; nor are check jobs, whose pass also waits on the test process's exit. 0: no cache.
   """
 
   def __init__(self, num_workers: int | None = None, *, isolation: str = "auto",
-               fresh_interpreter: bool = False, ro_binds: Sequence[str] = ()):
+               fresh_interpreter: bool = False, ro_binds: Sequence[str] = (),
+               cache_size: int = 1 << 16):
     self.isolation = resolve_isolation(isolation)
     self.ro_binds = tuple(os.path.abspath(p) for p in ro_binds)
     # Verification is latency-bound (pipes, forks): two workers per core measured ~40% faster
@@ -325,6 +336,8 @@ class SandboxPool:
     self._workers: dict[int, _Worker] = {}
     self._lock = threading.Lock()
     self._executor = concurrent.futures.ThreadPoolExecutor(self.num_workers)
+    self._cache: collections.OrderedDict[Job, Result] = collections.OrderedDict()
+    self.cache_size, self.cache_hits = int(cache_size), 0
     self._closed = False
     try:  # one worker now, so that a sandbox that cannot work fails here, saying why
       first = self._slot_worker(0)
@@ -369,10 +382,30 @@ class SandboxPool:
         self._free.append(slot)
 
   def run(self, jobs: Sequence[Job]) -> list[Result]:
-    """Runs every job (in parallel over the workers); results are in the order of `jobs`."""
+    """Runs every job (in parallel over the workers) that the cache does not hold (class
+    docstring); results are in the order of `jobs`."""
     if self._closed:
       raise RuntimeError("SandboxPool.run after close()")
-    return list(self._executor.map(self._run_one, jobs))
+    keys = [_cache_key(j) if self.cache_size > 0 else None for j in jobs]
+    with self._lock:
+      kept = {}
+      for k in keys:
+        if k is not None and k in self._cache:
+          self._cache.move_to_end(k)
+          kept[k] = self._cache[k]
+      self.cache_hits += sum(k in kept for k in keys if k is not None)
+    todo = [i for i, k in enumerate(keys) if k is None or k not in kept]
+    fresh = dict(zip(todo, self._executor.map(self._run_one, [jobs[i] for i in todo])))
+    with self._lock:
+      for i, r in fresh.items():
+        if keys[i] is not None and r.status in ("ok", "error"):
+          self._cache[keys[i]] = r
+          self._cache.move_to_end(keys[i])
+      while len(self._cache) > self.cache_size:
+        self._cache.popitem(last=False)
+    # Copies of kept results: a caller changing one does not change the cache.
+    return [fresh[i] if i in fresh else dataclasses.replace(kept[k])
+            for i, k in enumerate(keys)]
 
   def close(self):
     self._closed = True
@@ -393,6 +426,18 @@ class SandboxPool:
         self.close()
       except Exception:  # pylint: disable=broad-except
         pass  # at interpreter shutdown; the workers die with us anyway (--die-with-parent)
+
+
+def _cache_key(job: Job) -> Job | None:
+  """The job itself as the cache's key for an io job whose fields are all hashable; None (never
+  kept) for a check job or one with unhashable arguments."""
+  if job.calls is None:
+    return None
+  try:
+    hash(job)
+  except TypeError:
+    return None
+  return job
 
 
 _DEFAULT: SandboxPool | None = None
