@@ -1,5 +1,7 @@
 """Command-line entry point:
-`python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`.
+`python -m smjax.main --config=configs/study.py:two_domain,demo --workdir=DIR`, or with the
+config's short name, `--config=study:two_domain,demo`, which works outside a clone too (the configs
+ship inside the package as smjax.configs; smjax.config_files says how a name resolves).
 
 Also installed as the `smjax` console script (= `python -m smjax`): `smjax study --config=...
 --workdir=...` (the same run), `smjax report WORKDIR` (re-render a study's report,
@@ -35,9 +37,30 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
+from smjax import config_files
+
+
+class _ResolvingParser(flags.ArgumentParser):
+  """--config's parser: ml_collections' own (`inner`), given the file a short name stands for
+  (smjax.config_files.resolve: `study:ARG` is the packaged configs/study.py), so that loading,
+  locking, overrides and their errors stay ml_collections'. A wrapper, not a subclass: the
+  parser's class is not part of ml_collections' public API."""
+
+  def __init__(self, inner: flags.ArgumentParser):
+    self.inner = inner
+
+  def parse(self, argument):
+    return self.inner.parse(config_files.resolve(argument) if isinstance(argument, str)
+                            else argument)
+
+  def flag_type(self):
+    return self.inner.flag_type()
+
+
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "A configs/*.py file and its argument, e.g. configs/study.py:two_domain,demo.",
-    lock_config=True)
+    "config", None, "A config file or a packaged config's short name, and its argument, e.g. "
+    "configs/study.py:two_domain,demo or study:two_domain,demo.", lock_config=True)
+flags.FLAGS[_CONFIG.name].parser = _ResolvingParser(flags.FLAGS[_CONFIG.name].parser)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, logs and the report.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show tracebacks for errors (or SMJAX_DEBUG=1).")
 
@@ -45,7 +68,7 @@ LOG_NAME = "smjax.log"
 USAGE = """usage: smjax <command> [flags]      (or python -m smjax <command> [flags])
 
 commands:
-  study   --config=configs/study.py:two_domain,demo --workdir=DIR
+  study   --config=study:two_domain,demo --workdir=DIR
           run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
   report  WORKDIR [--out=DIR] [--bootstrap=N]
           re-render a study's table, CSV, JSON and plot from its finished phases
@@ -67,8 +90,10 @@ usage: smjax study --config=FILE:ARG --workdir=DIR [--config.FIELD=VALUE ...] [-
 Runs a study (its phases, then the report) in DIR; a rerun with the same DIR resumes it.
 
 flags:
-  --config=FILE:ARG     a configs/*.py file and its argument (its docstring lists them),
-                        e.g. configs/study.py:two_domain,demo
+  --config=FILE:ARG     a config file and its argument (its docstring lists them), by path,
+                        e.g. configs/study.py:two_domain,demo, or by short name, e.g.
+                        study:two_domain,demo (a packaged config: works outside a clone);
+                        the configs: {configs}
   --config.FIELD=VALUE  overrides one field of that config, e.g. --config.joint.steps=400
   --workdir=DIR         directory for checkpoints, logs (DIR/smjax.log) and the report
   --debug               tracebacks for errors instead of one line (or SMJAX_DEBUG=1)
@@ -76,6 +101,14 @@ flags:
   --version             print smjax's version
 """
 _HELP = ("-h", "--help", "-help", "--helpshort", "--helpfull", "help")
+
+
+def study_usage() -> str:
+  """`smjax study --help`'s text, naming the packaged configs."""
+  import textwrap  # pylint: disable=import-outside-toplevel
+  listed = textwrap.fill(", ".join(config_files.names()) or "none found", width=100,
+                         initial_indent=" " * 36, subsequent_indent=" " * 24).strip()
+  return STUDY_USAGE.replace("{configs}", listed)
 
 
 def version() -> str:
@@ -264,7 +297,9 @@ def user_error(e: BaseException) -> str | None:
   if isinstance(e, OSError):
     m = re.search(r"No such file or directory: '([^']+)'", str(e))
     if m and "config file" in str(e):
-      return f"config file {m.group(1)}: no such file; give --config=configs/<name>.py:<arg>"
+      return (f"config file {m.group(1)}: no such file; give a path to a config file or a "
+              f"packaged config's name ({', '.join(config_files.names())}), e.g. "
+              f"--config={config_files.EXAMPLE}")
     return _one_line(e)
   if isinstance(e, (ValueError, KeyError)):
     return _one_line(e)
@@ -279,8 +314,7 @@ def _check_usage(argv) -> None:
   missing = [f"--{f.name}" for f in (_CONFIG, _WORKDIR) if f.value is None]
   if missing:
     usage_error(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required, e.g. "
-                "--config=configs/study.py:two_domain,demo --workdir=runs/demo; see "
-                "`smjax study --help`")
+                f"--config={config_files.EXAMPLE} --workdir=runs/demo; see `smjax study --help`")
 
 
 def _no_field(e: BaseException, argv: list[str]) -> str:
@@ -353,7 +387,7 @@ def run(argv: list[str] | None = None):
   logging.getLogger("jax._src.xla_bridge").setLevel(logging.ERROR)  # "no TPU/GPU found" noise
   argv = list(sys.argv if argv is None else argv)
   if any(a in _HELP for a in argv[1:]):
-    print(STUDY_USAGE, end="")
+    print(study_usage(), end="")
     sys.exit(0)
   if "--version" in argv[1:]:
     print(f"smjax {version()}")

@@ -338,26 +338,26 @@ def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):
 
 
 def test_study_config_arguments_choose_the_phases():
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("study_cfg", os.path.join(ROOT, "configs",
-                                                                          "study.py"))
-  cfg = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(cfg)
+  from smjax import config_files  # pylint: disable=import-outside-toplevel
+
+  def get_config(arg):  # this clone's configs/study.py, by path (not an installed copy)
+    return config_files.load(os.path.join(ROOT, "configs", "study.py"), arg)
+
   main = ("base", "joint", "experts", "mopd")
-  assert tuple(cfg.get_config("two_domain,demo").phases) == main
-  full = cfg.get_config("four_domain,full")
+  assert tuple(get_config("two_domain,demo").phases) == main
+  full = get_config("four_domain,full")
   assert set(main) < set(full.phases) and len(full.domains) == 4
   # An expert steps on a quarter of joint GRPO's batch: its cap is joint GRPO's step count.
   assert full.joint.steps == full.experts.steps and full.experts.prompts_per_step == 0
-  four_main = cfg.get_config("four_domain,full,main")
+  four_main = get_config("four_domain,full,main")
   assert tuple(four_main.phases) == main and four_main.seeds == (0, 1, 2, 3, 4)
-  assert tuple(cfg.get_config("two_domain,demo").experts.bars) == (0.9, 1.0)
-  short = cfg.get_config("two_domain,demo,short")
+  assert tuple(get_config("two_domain,demo").experts.bars) == (0.9, 1.0)
+  short = get_config("two_domain,demo,short")
   assert short.form == "short" and not short.band.check and short.rl.max_new_tokens == 12
   from smjax.study.config import validate  # pylint: disable=import-outside-toplevel
   validate(short)
   with pytest.raises(ValueError, match="'mian' is not one of"):
-    cfg.get_config("four_domain,full,mian")
+    get_config("four_domain,full,mian")
 
 
 def _final_params(wd, phase):
