@@ -550,6 +550,11 @@ def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys
   assert done["mean"]["verdict"] in json.load(open(root / "report" / "shared_even" /
                                                    "report.json"))["verdicts"]
   assert set(done["zero_variance_groups"]) == {"math", "code"}
+  # The mini study runs the teachers' arms: claim (c) across teachers, from the cell's report.
+  assert done["teachers"] and all(v.startswith("(c)") for v in done["teachers"])
+  assert any("external-teacher OPD" in v for v in done["teachers"])
+  assert any("control-teacher OPD" in v for v in done["teachers"])
+  assert "Claim (c) across teachers" in out
   assert all(0.0 <= v <= 1.0 for v in done["zero_variance_groups"].values())
   assert running["status"] == "running" and running["seeds"] == [] and "mean" not in running
   assert set(m["not_started"]) == {c.name for c in regimes.CELLS} - set(rows)

@@ -2,24 +2,21 @@
 whose domains, difficulties and models say its condition; the grid complete. (A map rendered from
 real cell workdirs: test_experiment.test_a_regime_map_renders_its_cells_partial_ones_too.)"""
 
-import importlib.util
 import itertools
 import os
 
 import pytest
 
+from smjax import config_files
 from smjax.study import regimes
 from smjax.study import config as study_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _configs_regimes():
-  spec = importlib.util.spec_from_file_location("configs_regimes",
-                                                os.path.join(ROOT, "configs", "regimes.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+def _regimes_config(arg):
+  """This clone's configs/regimes.py (by path: not an installed copy) with `arg`."""
+  return config_files.load(os.path.join(ROOT, "configs", "regimes.py"), arg)
 
 
 def test_the_grid_is_complete_and_the_extra_cells_are_beside_it():
@@ -32,10 +29,12 @@ def test_the_grid_is_complete_and_the_extra_cells_are_beside_it():
 @pytest.mark.parametrize("name", [c.name for c in regimes.CELLS])
 @pytest.mark.parametrize("tiny", [False, True])
 def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
-  c = _configs_regimes().get_config(name + (",tiny" if tiny else ""))
+  c = _regimes_config(name + (",tiny" if tiny else ""))
   study_config.validate(c)
   cell = regimes.cell(name)
-  assert c.phases == ("base", "joint", "experts", "mopd")
+  teachers = name in ("shared_even", "interfering_even") and not tiny
+  assert c.phases == ("base", "joint", "experts", "mopd") + (("external",) if teachers else ())
+  assert c.eval.greedy == (name == "shared_even" and not tiny)
   assert c.experts.prompts_per_step == 0   # experts at the per-domain batch in every cell
   skills = {"shared": {"math", "code"}, "disjoint": {"math", "strings"},
             "interfering": {"add", "sub"}}
@@ -53,11 +52,10 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
 
 
 def test_an_unknown_or_missing_cell_is_one_line():
-  mod = _configs_regimes()
   with pytest.raises(ValueError, match=r"give exactly one cell of \['shared_even'"):
-    mod.get_config("tiny")
+    _regimes_config("tiny")
   with pytest.raises(ValueError, match=r"'nope' is not one of"):
-    mod.get_config("nope")
+    _regimes_config("nope")
   with pytest.raises(ValueError, match=r"regime cell 'nope' is not one of"):
     regimes.cell("nope")
 
@@ -68,3 +66,49 @@ def test_the_map_page_lists_every_cell_with_its_domains():
     row = next((line for line in text.splitlines() if line.startswith(f"| {c.name} |")), None)
     assert row is not None, f"docs/regimes.md has no row for cell {c.name}"
     assert all(d in row for d in c.settings["domains"]), (c.name, row)
+
+
+def _study_config(arg):
+  return config_files.load(os.path.join(ROOT, "configs", "study.py"), arg)
+
+
+def test_shared_even_is_the_full_two_domain_study_and_shares_its_seeds(tmp_path, capsys):
+  """shared_even computes every phase as configs/study.py:two_domain,full does (they differ in
+  run-neutral fields only), so `share` lends it that study's seeds as links and writes the cell's
+  config.json; a study of another config, a cell that is the same as no study, and a seed the
+  cell ran on its own are one-line refusals."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  full = _study_config("two_domain,full")
+  cell = regimes.cell_config("shared_even")
+  assert config_diff(full.to_dict(), cell.to_dict(), study_config.RUN_NEUTRAL_FIELDS) == []
+  assert regimes.cell("shared_even").same_as == "configs/study.py:two_domain,full"
+  study = tmp_path / "two_full"
+  for k in (0, 1):
+    (study / f"seed_{k}" / "base").mkdir(parents=True)
+  main = _study_config("two_domain,full,main")   # phases and seeds may differ
+  main.seeds = (1,)
+  (study / "config.json").write_text(json.dumps(main.to_dict()))
+  maps = tmp_path / "map"
+  assert regimes.main(["share", str(study), str(maps)]) == 0
+  assert "linked 2 seed directories" in capsys.readouterr().out
+  for k in (0, 1):
+    link = maps / "shared_even" / f"seed_{k}"
+    assert link.is_symlink() and link.resolve() == (study / f"seed_{k}").resolve()
+  saved = json.loads((maps / "shared_even" / "config.json").read_text())
+  assert saved["name"] == "regimes/shared_even" and "external" in saved["phases"]
+  assert regimes.share(str(study), str(maps), "shared_even") == []   # again: nothing to do
+  with pytest.raises(ValueError, match=r"same as no study; cells that are: \['shared_even'\]"):
+    regimes.share(str(study), str(maps), "sparse")
+  other = _study_config("two_domain,full")
+  other.rl.learning_rate = 3e-4
+  (study / "config.json").write_text(json.dumps(other.to_dict()))
+  with pytest.raises(ValueError, match=r"config.json: not a study the cell 'shared_even' can "
+                     r"share .*rl.learning_rate: 0.0003 -> 0.0001"):
+    regimes.share(str(study), str(maps), "shared_even")
+  (study / "config.json").write_text(json.dumps(main.to_dict()))
+  (study / "seed_2").mkdir()
+  (maps / "shared_even" / "seed_2").mkdir()
+  assert regimes.main(["share", str(study), str(maps)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "seed_2 exists and is not a link" in err and len(err.splitlines()) == 1

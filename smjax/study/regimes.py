@@ -33,6 +33,7 @@ import dataclasses
 import io
 import json
 import math
+import os
 import sys
 from typing import Any
 
@@ -40,7 +41,7 @@ import ml_collections as mlc
 import numpy as np
 
 from smjax import paths
-from smjax.checkpoint_meta import read_json
+from smjax.checkpoint_meta import config_diff, read_json
 from smjax.study import stats
 
 SKILLS = ("shared", "disjoint", "interfering")
@@ -51,24 +52,36 @@ DIFFICULTIES = ("even", "uneven")
 class Cell:
   """One condition of the map: its name (the cell's directory), where it sits on the grid
   (`skill`, `difficulty`; `extra` for the cells beside the grid), what it tests in words, and its
-  config overrides (dotted field -> value) on the full study's settings."""
+  config overrides (dotted field -> value) on the full study's settings. `same_as`: a study
+  config (`configs/<file>.py:<arg>`) whose every phase this cell's would compute alike, so that
+  a workdir of that study lends the cell its seeds (`share`)."""
   name: str
   skill: str
   difficulty: str
   about: str
   settings: dict[str, Any]
   extra: str = ""
+  same_as: str = ""
 
 
 # Shared by every cell: the main comparison at the full study's sizes, three seeds (the map's
-# cost is cells x seeds; five where the budget allows: --config.seeds).
-_COMMON = {"phases": ("base", "joint", "experts", "mopd"), "seeds": (0, 1, 2),
-           "mopd.steps": 400, "eval.points": 10}
+# cost is cells x seeds; five where the budget allows: --config.seeds). The map reads sampled
+# accuracy only, so its cells skip the greedy pass (a quarter of every evaluation's time, and
+# evaluation is most of a cell's), except shared_even, which is the full study itself.
+MAIN = ("base", "joint", "experts", "mopd")
+_COMMON = {"phases": MAIN, "seeds": (0, 1, 2), "mopd.steps": 400, "eval.points": 10,
+           "external.steps": 400, "self_teacher.recover_steps": 300, "eval.greedy": False}
+# Claim (c) across teachers (external-teacher OPD from the bigger verbose teacher, and from the
+# control teacher of the student's size on plain chains) in the cells where it is cheap:
+# shared_even, whose seeds the full two-domain study runs with every arm anyway, and
+# interfering_even, where a teacher shows the tag's meaning token by token.
+WITH_TEACHERS = MAIN + ("external",)
 
 CELLS = (
     Cell("shared_even", "shared", "even",
          "math and code: one column rule with a carry or borrow flag; both at level 1",
-         {"domains": ("math", "code")}),
+         {"domains": ("math", "code"), "eval.greedy": True, "phases": WITH_TEACHERS},
+         same_as="configs/study.py:two_domain,full"),
     Cell("shared_uneven", "shared", "uneven",
          "math at its hard level (three-term sums: about 4 decision sites of two kinds, a carry "
          "dropped or a carry of 2 taken as 1) beside code at level 1: joint GRPO keeps "
@@ -88,7 +101,7 @@ CELLS = (
          # Every add/sub example has a decision site (the base's accuracy is about the
          # mixture's rate, not lifted by examples without one): seed 0 landed at 13-14 % with
          # math's 0.1, below the band.
-         {"domains": ("add", "sub"), "base.correct_fraction": 0.3}),
+         {"domains": ("add", "sub"), "base.correct_fraction": 0.3, "phases": WITH_TEACHERS}),
     Cell("interfering_uneven", "interfering", "uneven",
          "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
          {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48,
@@ -144,10 +157,59 @@ def cell_config(name: str, *, tiny: bool = False) -> mlc.ConfigDict:
         "eval.points": 3, "base.steps": 20, "joint.steps": 6, "experts.steps": 6,
         "mopd.steps": 6, "rl.prompts_per_step": 4, "opd.prompts_per_step": 4,
         "rl.samples_per_prompt": 4, "opd.samples_per_prompt": 2, "checkpoint_every": 2,
-        "band.check": False, "eval.samples": 2, "eval.greedy": False, "progress": False})
+        "band.check": False, "eval.samples": 2, "eval.greedy": False, "progress": False,
+        "phases": MAIN})
   for field, value in settings.items():
     _set(c, field, value)
   return c
+
+
+def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
+  """Lends cell `name` the seeds of a study it is the same as (`Cell.same_as`): each
+  `seed_<k>` directory of `study_workdir` linked under `map_workdir/<name>/`, so that the cell's
+  run reuses every phase that study finished (and writes the phases it adds, e.g. the teachers'
+  arms, into the study's seed directories: one study, not two). The study's config.json must
+  agree with the cell's config on every field that is not run-neutral (seeds and phases may
+  differ); each phase is checked again when it is loaded. Writes the cell's config.json when it
+  has none. Local workdirs only (links). Returns the seed directories it linked; a seed
+  directory the cell already has on its own is an error."""
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.study.config import RUN_NEUTRAL_FIELDS, upgrade_old_config
+  spec = cell(name)
+  if not spec.same_as:
+    raise ValueError(f"regime cell {name!r} is the same as no study; cells that are: "
+                     f"{[c.name for c in CELLS if c.same_as]}")
+  if paths.is_url(study_workdir) or paths.is_url(map_workdir):
+    raise ValueError(f"share links directories, so both workdirs must be local; got "
+                     f"{study_workdir} and {map_workdir}")
+  study_cfg = paths.join(study_workdir, "config.json")
+  old = read_json(study_cfg, f"give the workdir of a study run with {spec.same_as}")
+  config = cell_config(name)
+  diff = config_diff(upgrade_old_config(old), config.to_dict(), RUN_NEUTRAL_FIELDS)
+  if diff:
+    raise ValueError(f"{study_cfg}: not a study the cell {name!r} can share (it is "
+                     f"{spec.same_as}); differing fields (study -> cell): " + "; ".join(diff))
+  seeds = sorted(d for d in os.listdir(study_workdir)
+                 if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
+  if not seeds:
+    raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
+  cell_dir = os.path.join(map_workdir, name)
+  os.makedirs(cell_dir, exist_ok=True)
+  # The cell's own config.json (as its run writes it), so that the map renders the shared seeds
+  # before the cell has run.
+  if not os.path.exists(os.path.join(cell_dir, "config.json")):
+    paths.write_atomic(os.path.join(cell_dir, "config.json"), json.dumps(config.to_dict(), indent=1))
+  linked = []
+  for d in seeds:
+    src, dst = os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d)
+    if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
+      continue
+    if os.path.lexists(dst):
+      raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran that seed on "
+                       "its own; move it away to share the study's")
+    os.symlink(src, dst)
+    linked.append(dst)
+  return linked
 
 
 # ------------------------------------------------------------------------------- the map report
@@ -219,6 +281,10 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
     row[on]["verdict"] = next((v for v in report.get("verdicts") or []
                                if v.startswith("(a)") and f"({where})" in v), "")
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
+  # Claim (c) across teachers, in the cells that run the teachers' arms: the cell's own (c)
+  # lines (the bigger verbose teacher's and the student-size plain one's OPD against joint GRPO,
+  # in FLOPs to the level and answer length).
+  row["teachers"] = [v for v in report.get("verdicts") or [] if v.startswith("(c)")]
   return row
 
 
@@ -274,9 +340,15 @@ def map_markdown(data: dict) -> str:
                  f"{_pct(mean.get('distillation_share')).lstrip('+')} | {zv} |")
   verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
               for r in data["cells"] if r.get("mean")]
+  teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
+              for r in data["cells"] if r.get("teachers")]
+  if teachers:
+    teachers = ["", "Claim (c) across teachers (external-teacher OPD from the bigger verbose "
+                "teacher; control-teacher OPD from one of the student's size on plain chains):"
+                ] + teachers
   missing = data.get("not_started") or []
   tail = [f"\nNot started: {', '.join(missing)}."] if missing else []
-  return "\n".join(lines + ([""] + verdicts if verdicts else []) + tail) + "\n"
+  return "\n".join(lines + ([""] + verdicts if verdicts else []) + teachers + tail) + "\n"
 
 
 def plot_map(data: dict, path) -> None:
@@ -315,7 +387,20 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   cells = sub.add_parser("cells", help="the cells' names, conditions and domains")
   cells.add_argument("--names", action="store_true", help="the names alone, one per line")
+  sh = sub.add_parser("share", help="lend a cell the seeds of a study it is the same as "
+                      "(shared_even: configs/study.py:two_domain,full)")
+  sh.add_argument("study_workdir")
+  sh.add_argument("map_workdir")
+  sh.add_argument("--cell", default="shared_even")
   a = p.parse_args(argv)
+  if a.cmd == "share":
+    try:
+      linked = share(a.study_workdir, a.map_workdir, a.cell)
+    except (ValueError, FileNotFoundError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      return 2
+    print(f"{a.cell}: linked {len(linked)} seed directories from {a.study_workdir}")
+    return 0
   if a.cmd == "cells" and a.names:
     print("\n".join(c.name for c in CELLS))
   elif a.cmd == "cells":
