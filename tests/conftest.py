@@ -24,7 +24,8 @@ SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_st
               "test_strong_to_weak.py",
               "test_layouts.py", "test_benchmarks.py", "test_learning.py", "test_sharded_steps.py",
               "test_precheck.py", "test_lowering.py", "test_checkpoint.py", "test_distributed.py",
-              "test_mesh_compile_once.py", "test_transformer.py", "test_rollout_decode.py")
+              "test_mesh_compile_once.py", "test_transformer.py", "test_rollout_decode.py",
+              "test_real_model.py")
 
 
 def pytest_collection_modifyitems(items):
