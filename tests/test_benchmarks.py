@@ -511,3 +511,39 @@ def test_study_seeds_refuses_an_unknown_argument():
   p = subprocess.run([sys.executable, os.path.join(BENCH, "study_seeds.py"), "--bogus=1"],
                      capture_output=True, text=True, timeout=120)
   assert p.returncode == 2 and "unrecognized argument '--bogus=1'" in p.stderr, p.stderr
+
+
+def test_real_model_gain_curve_points_and_markdown(tmp_path):
+  """benchmarks/real_model.py's figures from scripted evaluations: the paired gain's interval
+  (none where nothing changed, beyond 0 where every prompt improved), a curve point's accuracy and
+  prompt count, and the JSON rendered as the docs' block and plot."""
+  # pylint: disable=protected-access
+  rm = _load("real_model")
+  same = {"correct": {"d": [1, 2, 0, 4]}, "samples": 4}
+  g = rm._gain(same, same, "d")
+  assert g["mean"] == g["lo"] == g["hi"] == 0.0 and not g["beyond_interval"]
+  better = {"correct": {"d": [3, 4, 2, 4]}, "samples": 4}
+  g = rm._gain(same, better, "d")
+  assert g["mean"] == pytest.approx(1.5 / 4) and g["lo"] > 0 and g["beyond_interval"]
+  raw = {"step": 5, "flops": 2e12, "samples": 4, "correct": {"d": [3, 4, 2, 4]},
+         "pass_at_k": {"d": 1.0}, "length": {"d": 11.5}, "at_cap": {"d": 0.25},
+         "completions": {"d": [{"prompt": "p", "completion": "c", "reward": 1.0}] * 3}}
+  p = rm._point(raw, "d")
+  assert p["prompts"] == 4 and p["accuracy"]["mean"] == pytest.approx(13 / 16)
+  assert p["accuracy"]["lo"] <= 13 / 16 <= p["accuracy"]["hi"] and len(p["completions"]) == 2
+  start = rm._point(same | {"step": 0, "flops": 0.0, "pass_at_k": {"d": 0.75},
+                            "length": {"d": 14.0}, "at_cap": {"d": 0.5}}, "d")
+  settings = {"steps": 5, "prompts_per_step": 8, "samples_per_prompt": 8, "learning_rate": 1e-5,
+              "temperature": 0.5, "max_new_tokens": 24, "eval_samples": 4}
+  data = {"benchmark": "real_model", "command": "benchmarks/real_model.py", "date": "2026-12-05",
+          "machine": {"cpu": "cpu", "cores": 2}, "wall_s": 600.0, "matmul_flops_per_s": 1e11,
+          "config": {"grpo": settings, "distill": settings},
+          "grpo": {"curve": [start, p], "gain_first_to_last": g,
+                   "seconds_per_step": {"median": 10.0, "first": 20.0},
+                   "train_flops_per_step": 4e11, "matmul_floor_fraction": 0.4}}
+  md = bench_tables.bench_markdown(data)
+  assert "| 5 | 2e+12 | 81.2 % [" in md and "held-out: 4 prompts x 4 samples" in md
+  assert "+37.5 points" in md and "beyond its interval" in md and "40 % of the matmul floor" in md
+  assert "MOPD" not in md
+  rm.plot(data, str(tmp_path / "p.png"))
+  assert os.path.getsize(tmp_path / "p.png") > 1000

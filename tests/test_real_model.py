@@ -176,14 +176,21 @@ def test_qk_unpermutation_matches_transformers_gguf_loader(model_dir, gguf_refer
 # llama-cpp-python has no wheel and would be built from source on every fresh install.
 LLAMA_CPP_IDS = {
     "Hello, world!": [19556, 28, 905, 17],
-    "What is 17+25? 1234567 and 3.14159": [1780, 314, 216, 33, 39, 27, 34, 37, 47, 216, 33, 34, 35, 36, 37, 38, 39, 284, 216, 35, 30, 33, 36, 33, 37, 41],
-    "naïve café — 東京 🙂 Ünïcödé": [3546, 46494, 37366, 1841, 17097, 247, 126, 16736, 122, 47526, 5549, 246, 94, 25972, 83, 7466, 84, 2756],
-    "  leading\tand   trailing   \n\n\n spaces  ": [216, 2899, 197, 397, 256, 35079, 333, 16506, 5600, 256],
-    "def f(x):\n    return x**2  # sq": [1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907, 15375],
+    "What is 17+25? 1234567 and 3.14159": [
+        1780, 314, 216, 33, 39, 27, 34, 37, 47, 216, 33, 34, 35, 36, 37, 38, 39, 284, 216, 35,
+        30, 33, 36, 33, 37, 41],
+    "naïve café — 東京 🙂 Ünïcödé": [
+        3546, 46494, 37366, 1841, 17097, 247, 126, 16736, 122, 47526, 5549, 246, 94, 25972, 83,
+        7466, 84, 2756],
+    "  leading\tand   trailing   \n\n\n spaces  ": [
+        216, 2899, 197, 397, 256, 35079, 333, 16506, 5600, 256],
+    "def f(x):\n    return x**2  # sq": [
+        1604, 275, 24, 104, 727, 472, 1003, 1792, 828, 34, 216, 907, 15375],
     "<|im_start|>user\nhi<|im_end|>\n<|endoftext|>x": [1, 4093, 198, 6004, 2, 198, 0, 104],
     "²³ ½ ١٢٣": [19133, 39050, 216, 16738, 216, 164, 111, 164, 112, 164, 113],
     "I'm can't WE'LL it's": [57, 5248, 416, 982, 26587, 23, 16421, 357, 506],
-    "": []}
+    "": [],
+}
 
 
 def test_tokenizer_matches_transformers_and_llama_cpp(ours, hf_tok):
@@ -421,3 +428,39 @@ def test_non_empty_out_dir_is_refused(tiny, tmp_path):
   one_line_error(e, str(tmp_path), "not empty", "--overwrite")
   gguf_convert.convert(tiny[1], str(tmp_path), overwrite=True)
   assert (tmp_path / "keep.txt").exists() and (tmp_path / "model.safetensors").exists()
+
+
+# ------------------------------------------------------- GRPO and OPD steps on the real model
+
+def test_grpo_then_opd_run_two_steps_each_on_the_real_model(model_dir, tmp_path):
+  """The short API's GRPO (the study's packed shared-prompt step) and OPD (the base distilled
+  from the GRPO model, the sampled reverse KL) take two steps each on SmolLM2 at a tiny batch
+  with its chat template: finite metrics, parameters that moved, the FLOP ledger's phases, the
+  held-out curve at the start and after each step. The reward is graded (the share of digits in
+  a completion) and sampling at temperature 1, so that no group's rewards are all equal and the
+  update has a signal to move the parameters with."""
+  import smjax   # pylint: disable=import-outside-toplevel
+  records = [{"prompt": f"What is {a} + {b}?", "answer": str(a + b)}
+             for a, b in ((3, 5), (12, 7), (40, 2), (9, 9))]
+
+  def digits(prompts, completions, **_):
+    del prompts
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+  small = dict(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
+               temperature=1.0, eval_every=1, eval_size=2, eval_samples=1, eval_batch_size=2,
+               progress=False, collapse_window=0, learning_rate=1e-4, checkpoint_every=0)
+  g = smjax.grpo(model_dir, records[:2], digits, eval_data=records[2:],
+                 workdir=str(tmp_path / "grpo"), **small)
+  assert [p["step"] for p in g.curve] == [0, 1, 2]
+  assert np.isfinite(g.metrics["loss"]) and 0.0 <= g.metrics["reward/mean"] <= 1.0
+  phases = g.ledger.by_phase()
+  assert {"rollout/prefill", "rollout/decode", "train/policy"} <= set(phases)
+  assert all(v > 0 for v in phases.values())
+  base = model_eval.load_model(model_dir)[1]
+  moved = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), g.params, base)
+  assert max(jax.tree.leaves(moved)) > 0
+  d = smjax.distill(model_dir, {"data": g}, records[:2], digits, eval_data=records[2:],
+                    workdir=str(tmp_path / "opd"), **small)
+  assert [p["step"] for p in d.curve] == [0, 1, 2] and np.isfinite(d.metrics["loss"])
+  assert d.ledger.by_phase().get("train/teacher", 0) > 0   # the GRPO model scored the rows

@@ -21,9 +21,48 @@ def _matmuls_alone(data: dict) -> list[str]:
               "floor's rate) |", "|---|---|---|---|---|"] + rows
 
 
+def _pct_ci(a: dict) -> str:
+  return f"{100 * a['mean']:.1f} % [{100 * a['lo']:.1f}, {100 * a['hi']:.1f}]"
+
+
+def real_model_markdown(data: dict) -> str:
+  """`benchmarks/real_model.py`'s JSON: per run (GRPO, then MOPD) its held-out curve as a table,
+  the gain from its first evaluation to its last with the paired interval, and its step's speed."""
+  m = data["machine"]
+  lines = [f"`{data['command']}` ({m['cpu']}, {m['cores']} cores, {data['date']}; wall time "
+           f"{data['wall_s'] / 60:.0f} min; matmul floor: the FLOPs at this process's f32 matmul "
+           f"rate, {data['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s)"]
+  names = {"grpo": "GRPO", "mopd": "MOPD of the base from the GRPO model"}
+  for run in ("grpo", "mopd"):
+    if run not in data:
+      continue
+    r, s = data[run], data["config"]["grpo" if run == "grpo" else "distill"]
+    g = r["gain_first_to_last"]
+    lines += ["", f"**{names[run]}** ({s['steps']} steps of {s['prompts_per_step']} prompts x "
+              f"{s['samples_per_prompt']} samples, learning rate {s['learning_rate']:g}, "
+              f"temperature {s['temperature']:g}, at most {s['max_new_tokens']} new tokens; "
+              f"held-out: {r['curve'][0]['prompts']} prompts x {s['eval_samples']} samples):",
+              "",
+              "| step | training FLOPs | held-out accuracy [95 %] | pass@k | length (tokens) | "
+              "cut at the cap |", "|---|---|---|---|---|---|"]
+    lines += [f"| {p['step']} | {p['train_flops']:.3g} | {_pct_ci(p['accuracy'])} | "
+              f"{100 * p['pass_at_k']:.0f} % | {p['length']:.1f} | {100 * p['at_cap']:.0f} % |"
+              for p in r["curve"]]
+    sps = r["seconds_per_step"]
+    lines += ["", f"Gain from the first evaluation to the last: {100 * g['mean']:+.1f} points "
+              f"[{100 * g['lo']:+.1f}, {100 * g['hi']:+.1f}] (paired bootstrap over the held-out "
+              f"prompts: {'beyond' if g['beyond_interval'] else 'not beyond'} its interval). "
+              f"A step (rollout, batch, update) took {sps['median']:.1f} s (median; the first, "
+              f"compiling, {sps['first']:.0f} s) for {r['train_flops_per_step']:.3g} training "
+              f"FLOPs: {100 * r['matmul_floor_fraction']:.0f} % of the matmul floor."]
+  return "\n".join(lines) + "\n"
+
+
 def bench_markdown(data: dict) -> str:
-  """A benchmark result JSON (`benchmarks/rollout_vs_hf.py`, `benchmarks/decode_profile.py`) as
-  markdown: the command and machine, then its table."""
+  """A benchmark result JSON (`benchmarks/rollout_vs_hf.py`, `benchmarks/decode_profile.py`,
+  `benchmarks/real_model.py`) as markdown: the command and machine, then its table."""
+  if data["benchmark"] == "real_model":
+    return real_model_markdown(data)
   head = (f"`{data['command']}` ({data['cpu']}, {data['threads']} threads, jax {data['jax']}, "
           f"{data['date']}; matmul floor: the useful FLOPs at this process's f32 matmul rate, "
           f"{data['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s)")
