@@ -194,22 +194,24 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   if not seeds:
     raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
   cell_dir = os.path.join(map_workdir, name)
-  os.makedirs(cell_dir, exist_ok=True)
-  # The cell's own config.json (as its run writes it), so that the map renders the shared seeds
-  # before the cell has run.
-  if not os.path.exists(os.path.join(cell_dir, "config.json")):
-    paths.write_atomic(os.path.join(cell_dir, "config.json"), json.dumps(config.to_dict(), indent=1))
-  linked = []
-  for d in seeds:
+  todo = []
+  for d in seeds:   # every refusal before anything is written
     src, dst = os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d)
     if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
       continue
     if os.path.lexists(dst):
       raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran that seed on "
                        "its own; move it away to share the study's")
+    todo.append((src, dst))
+  os.makedirs(cell_dir, exist_ok=True)
+  # The cell's own config.json (as its run writes it), so that the map renders the shared seeds
+  # before the cell has run.
+  if not os.path.exists(os.path.join(cell_dir, "config.json")):
+    paths.write_atomic(os.path.join(cell_dir, "config.json"),
+                       json.dumps(config.to_dict(), indent=1))
+  for src, dst in todo:
     os.symlink(src, dst)
-    linked.append(dst)
-  return linked
+  return [dst for _, dst in todo]
 
 
 # ------------------------------------------------------------------------------- the map report
