@@ -447,9 +447,11 @@ def test_grpo_then_opd_run_two_steps_each_on_the_real_model(model_dir, tmp_path)
     del prompts
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 
+  # Evaluation at the rollout's shapes (eval_samples and eval_batch_size left at 0): it runs the
+  # sampler programs the rollouts compiled, and compiling is most of this test's time.
   small = dict(steps=2, prompts_per_step=2, samples_per_prompt=2, max_new_tokens=6,
-               temperature=1.0, eval_every=1, eval_size=2, eval_samples=1, eval_batch_size=2,
-               progress=False, collapse_window=0, learning_rate=1e-4, checkpoint_every=0)
+               temperature=1.0, eval_every=1, eval_size=2, progress=False, collapse_window=0,
+               learning_rate=1e-4, checkpoint_every=0)
   g = smjax.grpo(model_dir, records[:2], digits, eval_data=records[2:],
                  workdir=str(tmp_path / "grpo"), **small)
   assert [p["step"] for p in g.curve] == [0, 1, 2]
