@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -31,6 +30,8 @@ import ml_collections as mlc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+from study_seeds import _cpu  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _bootstrap(values, reps: int = 2000, seed: int = 0):
@@ -58,15 +59,6 @@ def _gain(first: dict, last: dict, domain: str) -> dict:
   out = _bootstrap(b - a)
   out["beyond_interval"] = out["lo"] > 0
   return out
-
-
-def _cpu() -> str:
-  """The CPU's model name (/proc/cpuinfo), else the platform's machine type."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.machine()
 
 
 def _matmul_rate() -> float:
