@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import copy
 import dataclasses
 import functools
 import json
@@ -399,13 +400,13 @@ class SandboxPool:
     with self._lock:
       for i, r in fresh.items():
         if keys[i] is not None and r.status in ("ok", "error"):
-          self._cache[keys[i]] = r
+          self._cache[keys[i]] = copy.deepcopy(r)
           self._cache.move_to_end(keys[i])
       while len(self._cache) > self.cache_size:
         self._cache.popitem(last=False)
-    # Copies of kept results: a caller changing one does not change the cache.
-    return [fresh[i] if i in fresh else dataclasses.replace(kept[k])
-            for i, k in enumerate(keys)]
+    # The cache holds copies and hands out copies: a caller changing a result (its outputs
+    # list too) does not change what a later identical job gets.
+    return [fresh[i] if i in fresh else copy.deepcopy(kept[k]) for i, k in enumerate(keys)]
 
   def close(self):
     self._closed = True
