@@ -314,8 +314,8 @@ class SandboxPool:
   Results of io jobs that completed (status ok or error) are kept (the last `cache_size` jobs)
   and an identical job (same program, calls and limits) later gets the kept result without
   running again: a study evaluates the same held-out prompts many times, and a model that has
-  learnt a program writes it again and again (in the toy `code` domain most of an evaluation's
-  time was these repeats). A job is taken to be a function of its fields, as `run` already does
+  learnt a program writes it again and again (in a profile of the full study's evaluation, the
+  toy `code` domain's sandbox runs were a third of its time, nearly all of them repeats). A job is taken to be a function of its fields, as `run` already does
   within one call (identical jobs run once): a candidate whose outputs depend on chance or the
   clock is scored by its first run. Timeouts and crashes depend on the machine's load and are
   never kept; nor are check jobs, whose pass also waits on the test process's exit. 0: no cache.
