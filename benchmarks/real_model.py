@@ -26,8 +26,6 @@ import os
 import sys
 import time
 
-import ml_collections as mlc
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -134,21 +132,6 @@ def main(argv=None) -> int:
   if args.plot_only:
     with open(args.plot_only) as f:
       data = json.load(f)
-    data.setdefault("benchmark", "real_model")   # the file's kind (older runs lacked the key)
-    curves = [data[r]["curve"] for r in ("grpo", "mopd") if r in data]
-    if any("prompts" not in p for c in curves for p in c):
-      # Older runs did not count the held-out prompts: the same set as the run drew (smjax.api).
-      from smjax import api  # pylint: disable=import-outside-toplevel
-      from smjax.domains import word_arith  # pylint: disable=import-outside-toplevel
-      dom = word_arith.WordArithDomain(difficulty=int(data["config"]["difficulty"]))
-      for run, sect in (("grpo", "grpo"), ("mopd", "distill")):
-        s = data["config"][sect] | {"seed": data["config"]["seed"]}
-        # pylint: disable-next=protected-access
-        n = len(api._heldout({dom.name: dom}, mlc.ConfigDict(s))[dom.name])
-        for p in data.get(run, {}).get("curve", []):
-          p.setdefault("prompts", n)
-    with open(args.plot_only, "w") as f:
-      json.dump(data, f, indent=1, default=float)
     plot(data, os.path.splitext(args.plot_only)[0] + ".png")
     return 0
   # pylint: disable=import-outside-toplevel

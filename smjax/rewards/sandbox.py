@@ -35,9 +35,7 @@ tricks, printed "PASS" lines, monkeypatching and objects with a lying __eq__ all
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
-import copy
 import dataclasses
 import functools
 import json
@@ -56,6 +54,7 @@ import warnings
 from typing import Any, Sequence
 
 from smjax.rewards import _sandbox_wire as wire
+from smjax.rewards.result_cache import ResultCache
 
 log = logging.getLogger("smjax")
 ISOLATION_MODES = ("bwrap", "unshare", "none")
@@ -311,14 +310,8 @@ class SandboxPool:
   0700 parent or its private /tmp would hide them; none sees the host file system as it is).
   The first worker starts here, so a sandbox that cannot work fails at construction.
 
-  Results of io jobs that completed (status ok or error) are kept (the last `cache_size` jobs)
-  and an identical job (same program, calls and limits) later gets the kept result without
-  running again: a study evaluates the same held-out prompts many times, and a model that has
-  learnt a program writes it again and again (in a profile of the full study's evaluation, the
-  toy `code` domain's sandbox runs were a third of its time, nearly all of them repeats). A job is taken to be a function of its fields, as `run` already does
-  within one call (identical jobs run once): a candidate whose outputs depend on chance or the
-  clock is scored by its first run. Timeouts and crashes depend on the machine's load and are
-  never kept; nor are check jobs, whose pass also waits on the test process's exit. 0: no cache.
+  Results of io jobs that completed are kept (the last `cache_size`; 0: none) and an identical
+  job later gets a copy without running again: smjax.rewards.result_cache says which and why.
   """
 
   def __init__(self, num_workers: int | None = None, *, isolation: str = "auto",
@@ -337,8 +330,7 @@ class SandboxPool:
     self._workers: dict[int, _Worker] = {}
     self._lock = threading.Lock()
     self._executor = concurrent.futures.ThreadPoolExecutor(self.num_workers)
-    self._cache: collections.OrderedDict[Job, Result] = collections.OrderedDict()
-    self.cache_size, self.cache_hits = int(cache_size), 0
+    self.cache = ResultCache(cache_size)
     self._closed = False
     try:  # one worker now, so that a sandbox that cannot work fails here, saying why
       first = self._slot_worker(0)
@@ -387,26 +379,17 @@ class SandboxPool:
     docstring); results are in the order of `jobs`."""
     if self._closed:
       raise RuntimeError("SandboxPool.run after close()")
-    keys = [_cache_key(j) if self.cache_size > 0 else None for j in jobs]
-    with self._lock:
-      kept = {}
-      for k in keys:
-        if k is not None and k in self._cache:
-          self._cache.move_to_end(k)
-          kept[k] = self._cache[k]
-      self.cache_hits += sum(k in kept for k in keys if k is not None)
+    keys = self.cache.keys(jobs)
+    kept = self.cache.lookup(keys)
     todo = [i for i, k in enumerate(keys) if k is None or k not in kept]
     fresh = dict(zip(todo, self._executor.map(self._run_one, [jobs[i] for i in todo])))
-    with self._lock:
-      for i, r in fresh.items():
-        if keys[i] is not None and r.status in ("ok", "error"):
-          self._cache[keys[i]] = copy.deepcopy(r)
-          self._cache.move_to_end(keys[i])
-      while len(self._cache) > self.cache_size:
-        self._cache.popitem(last=False)
-    # The cache holds copies and hands out copies: a caller changing a result (its outputs
-    # list too) does not change what a later identical job gets.
-    return [fresh[i] if i in fresh else copy.deepcopy(kept[k]) for i, k in enumerate(keys)]
+    self.cache.store([keys[i] for i in fresh], list(fresh.values()))
+    return [fresh[i] if i in fresh else kept[k] for i, k in enumerate(keys)]
+
+  @property
+  def cache_hits(self) -> int:
+    """Jobs answered from the results cache so far."""
+    return self.cache.hits
 
   def close(self):
     self._closed = True
@@ -427,18 +410,6 @@ class SandboxPool:
         self.close()
       except Exception:  # pylint: disable=broad-except
         pass  # at interpreter shutdown; the workers die with us anyway (--die-with-parent)
-
-
-def _cache_key(job: Job) -> Job | None:
-  """The job itself as the cache's key for an io job whose fields are all hashable; None (never
-  kept) for a check job or one with unhashable arguments."""
-  if job.calls is None:
-    return None
-  try:
-    hash(job)
-  except TypeError:
-    return None
-  return job
 
 
 _DEFAULT: SandboxPool | None = None
