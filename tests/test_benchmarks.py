@@ -547,3 +547,34 @@ def test_real_model_gain_curve_points_and_markdown(tmp_path):
   assert "MOPD" not in md
   rm.plot(data, str(tmp_path / "p.png"))
   assert os.path.getsize(tmp_path / "p.png") > 1000
+
+
+def test_real_model_profile_names_every_part_on_a_toy_model():
+  """The real-model profile's machinery on toy-tiny (seconds): every part of a step timed, the
+  traced update's ops reach the LM head and log-prob parts by their name scopes (`lm_head`,
+  `token_logprobs`: a renamed scope would leave those parts empty), and the decode loop's by
+  decode_profile's parts; the rendered table holds together."""
+  from smjax.api import grpo_settings
+  from smjax.domains import get_domain
+  rmp = _load("real_model_profile")
+  s = grpo_settings()
+  s.update(dict(prompts_per_step=2, samples_per_prompt=2, max_new_tokens=8, eval_size=4,
+                eval_samples=1, learning_rate=1e-3))
+  out = rmp.profile("toy-tiny", get_domain("math"), s, steps=3, rate=1e11)
+  assert out["steps_timed"] == 1 and len(out["evaluation_s"]) == 2   # before and after
+  assert set(out["step_parts_s"]) == {"rollout", "batch", "update"}
+  assert all(v > 0 for v in out["step_parts_s"].values()) and out["step_s"] > 0
+  update = {r["part"]: r for r in out["update_parts"]}
+  for part in ("LM head matmuls (forward and backward)",
+               "log-probs and entropy over the vocabulary", "MLP (matmuls, SiLU)"):
+    assert update[part]["ms"] > 0, (part, update)
+  decode = {r["part"] for r in out["decode_parts"]}
+  assert {"MLP (gate/up and down matmuls, SiLU)", "LM head and final norm"} <= decode
+  for key in ("update_parts", "decode_parts"):
+    assert sum(r["share"] for r in out[key]) == pytest.approx(1.0)
+  assert out["decode_steps"] >= 1 and out["update_flops"] > 0 and out["rollout_flops"] > 0
+  data = dict(benchmark="real_model_profile", command="c", cpu="cpu", threads=2, jax="0",
+              date="d", matmul_flops_per_s=1e11) | out
+  md = bench_tables.bench_markdown(data)
+  assert "| update (per step) | LM head matmuls (forward and backward) |" in md
+  assert f"took {out['step_s']:.2f} s (median of 1 steps" in md

@@ -385,9 +385,11 @@ class Transformer(nn.Module):
 
 
 def lm_head(params, cfg: ModelConfig, hidden_BTD: jax.Array) -> jax.Array:
-  """Logits from final hidden states (for losses that chunk the vocabulary projection)."""
+  """Logits from final hidden states (for losses that chunk the vocabulary projection), under the
+  name scope `lm_head`, which profiles read (benchmarks/real_model_profile.py)."""
   head_DV = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-  return dense(hidden_BTD, head_DV.astype(cfg.jnp_dtype), preferred_element_type=jnp.float32)
+  with jax.named_scope("lm_head"):
+    return dense(hidden_BTD, head_DV.astype(cfg.jnp_dtype), preferred_element_type=jnp.float32)
 
 
 def fuse_for_decode(params):

@@ -40,6 +40,7 @@ def _fwd(logits_BTV, tokens_BT):
   return picked_BT - lse_BT, (logits_BTV, tokens_BT, lse_BT)
 
 
+@jax.named_scope("token_logprobs")
 def _bwd(res, g_BT):
   logits_BTV, tokens_BT, lse_BT = res
   x = logits_BTV.astype(lse_BT.dtype)
@@ -99,7 +100,8 @@ def token_logprobs(logits_BTV: jax.Array, tokens_BT: jax.Array) -> jax.Array:
   that predicted the token, i.e. the model's logits shifted by one position (the caller's job).
   """
   _check(logits_BTV, tokens_BT, "token_logprobs")
-  return _token_logprobs(logits_BTV, tokens_BT)
+  with jax.named_scope("token_logprobs"):   # a profile's name for the vocabulary-wide work
+    return _token_logprobs(logits_BTV, tokens_BT)
 
 
 def token_logprobs_and_entropy(logits_BTV: jax.Array,
@@ -111,4 +113,5 @@ def token_logprobs_and_entropy(logits_BTV: jax.Array,
   passes no gradient (as if under stop_gradient). -inf logits (banned tokens) are fine.
   """
   _check(logits_BTV, tokens_BT, "token_logprobs_and_entropy")
-  return _token_logprobs_and_entropy(logits_BTV, tokens_BT)
+  with jax.named_scope("token_logprobs"):
+    return _token_logprobs_and_entropy(logits_BTV, tokens_BT)

@@ -1,6 +1,7 @@
 """Benchmark result JSON as markdown for the docs' generated blocks (`python -m smjax.study.render
 --update-docs`): `benchmarks/rollout_vs_hf.py` (the sampler against HF `generate` and Tunix, with
-its rounds and goals) and `benchmarks/decode_profile.py` (where a decode step's time goes)."""
+its rounds and goals), `benchmarks/decode_profile.py` (where a decode step's time goes) and the
+real model's (`benchmarks/real_model.py`, `benchmarks/real_model_profile.py`)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,39 @@ def real_model_markdown(data: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def real_model_profile_markdown(data: dict) -> str:
+  """`benchmarks/real_model_profile.py`'s JSON: a GRPO step's parts in seconds, then where the
+  update's and a decode step's op time went, part by part."""
+  c, parts = data["config"], data["step_parts_s"]
+  ev = data["evaluation_s"]
+  lines = [f"`{data['command']}` ({data['cpu']}, {data['threads']} threads, jax {data['jax']}, "
+           f"{data['date']}; matmul floor: the FLOPs at this process's f32 matmul rate, "
+           f"{data['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s)", "",
+           f"A GRPO step of {c['prompts_per_step']} prompts x {c['samples_per_prompt']} samples "
+           f"(at most {c['max_new_tokens']} new tokens) took {data['step_s']:.2f} s (median of "
+           f"{data['steps_timed']} steps after the compiling one): the rollout "
+           f"{parts['rollout']:.2f} s ({100 * data['rollout_floor_fraction']:.0f} % of the matmul "
+           f"floor), the batch {1e3 * parts['batch']:.0f} ms, the update {parts['update']:.2f} s "
+           f"({100 * data['update_floor_fraction']:.0f} % of the floor), the rest (rewards, "
+           f"detokenising) {data['step_s'] - sum(parts.values()):.2f} s. An evaluation "
+           f"({data['evaluation_samples']} samples) took {min(ev):.0f} s.", "",
+           "| program | part | ms | share of its op time |", "|---|---|---|---|"]
+  for key, name in (("update_parts", "update (per step)"),
+                    ("decode_parts",
+                     f"decode loop (per decode step, {data['decode_steps']} steps)")):
+    lines += [f"| {name} | {r['part']} | {r['ms']:.1f} | {100 * r['share']:.0f} % |"
+              for r in data[key]]
+  return "\n".join(lines) + "\n"
+
+
 def bench_markdown(data: dict) -> str:
   """A benchmark result JSON (`benchmarks/rollout_vs_hf.py`, `benchmarks/decode_profile.py`,
-  `benchmarks/real_model.py`) as markdown: the command and machine, then its table."""
+  `benchmarks/real_model.py`, `benchmarks/real_model_profile.py`) as markdown: the command and
+  machine, then its table."""
   if data["benchmark"] == "real_model":
     return real_model_markdown(data)
+  if data["benchmark"] == "real_model_profile":
+    return real_model_profile_markdown(data)
   head = (f"`{data['command']}` ({data['cpu']}, {data['threads']} threads, jax {data['jax']}, "
           f"{data['date']}; matmul floor: the useful FLOPs at this process's f32 matmul rate, "
           f"{data['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s)")
