@@ -112,3 +112,24 @@ def test_shared_even_is_the_full_two_domain_study_and_shares_its_seeds(tmp_path,
   assert regimes.main(["share", str(study), str(maps)]) == 2
   err = capsys.readouterr().err.strip()
   assert "seed_2 exists and is not a link" in err and len(err.splitlines()) == 1
+
+
+def test_zero_advantage_share_per_domain_or_over_all_domains_for_older_runs(tmp_path):
+  """Joint GRPO's zero-advantage share, from its metrics.jsonl: per domain where the run logged it
+  (mean of the rows, hand-computed), else the share over all domains, labelled so (a study run
+  before the per-domain metric, e.g. one that shared_even links)."""
+  import json
+  def write(seed, rows):
+    d = tmp_path / f"seed_{seed}" / "joint_grpo" / "logs"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  write(0, [{"step": 0, "heldout/math": 0.3},
+            {"step": 0, "zero_variance_groups/math": 0.5, "zero_variance_groups/code": 1.0,
+             "reward/zero_variance_groups": 0.75},
+            {"step": 10, "zero_variance_groups/math": 0.25, "zero_variance_groups/code": 0.5}])
+  assert regimes._zero_variance(str(tmp_path), [0], ["math", "code"]) == {
+      "math": 0.375, "code": 0.75}
+  write(1, [{"step": 0, "reward/zero_variance_groups": 0.5},
+            {"step": 10, "reward/zero_variance_groups": 0.25}])
+  assert regimes._zero_variance(str(tmp_path), [1], ["math", "code"]) == {"all domains": 0.375}
+  assert regimes._zero_variance(str(tmp_path), [2], ["math", "code"]) == {}

@@ -230,8 +230,10 @@ def is_map(workdir: str) -> bool:
 
 def _zero_variance(cell_dir: str, seeds, domains) -> dict[str, float]:
   """Joint GRPO's share of groups whose rewards are all equal, per domain, over its whole run and
-  the given seeds (its metrics.jsonl rows): samples that carried no GRPO signal."""
+  the given seeds (its metrics.jsonl rows): samples that carried no GRPO signal. A run that logged
+  only the share over all domains (before the per-domain metric) gives that, as "all domains"."""
   vals: dict[str, list[float]] = {d: [] for d in domains}
+  overall: list[float] = []
   for s in seeds:
     path = paths.join(cell_dir, f"seed_{s}", "joint_grpo", "logs", "metrics.jsonl")
     if not paths.exists(path):
@@ -242,7 +244,10 @@ def _zero_variance(cell_dir: str, seeds, domains) -> dict[str, float]:
         v = row.get(f"zero_variance_groups/{d}")
         if v is not None:
           vals[d].append(float(v))
-  return {d: float(np.mean(v)) for d, v in vals.items() if v}
+      if row.get("reward/zero_variance_groups") is not None:
+        overall.append(float(row["reward/zero_variance_groups"]))
+  out = {d: float(np.mean(v)) for d, v in vals.items() if v}
+  return out or ({"all domains": float(np.mean(overall))} if overall else {})
 
 
 def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = None) -> dict:
