@@ -25,7 +25,7 @@ buffer, XLA skips the donation while orbax still holds the alias (measured with 
 orbax 0.12.8: the donated input is not deleted and the saved bytes are unchanged);
 tests/test_checkpoint.py checks this end to end.
 
-Typical loop:
+Typical loop (PreemptionGuard: smjax.preemption):
 
     ckpt = Checkpointer(workdir, max_to_keep=3, async_save=True, config=cfg_dict)
     restored = ckpt.restore_latest(state)        # None on a fresh run
@@ -58,7 +58,6 @@ from smjax import paths
 from smjax.checkpoint_meta import (_abstract, _checksum_dict, _from_json, _host_rng_from_json,
                                    _host_rng_to_json, _rng_from_json, _rng_to_json, _signature,
                                    _to_json, config_diff, one_line)
-from smjax.preemption import PreemptionGuard  # noqa: F401  (re-exported: loops import it from here)
 
 FORMAT_VERSION = 1
 

@@ -29,8 +29,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from smjax import sharding as shd
 from smjax.sampling import filter_top_k_top_p, inverse_cdf, inverse_cdf_weights
-from smjax.models.transformer import (KVCache, Transformer, fuse_for_decode, init_cache, lm_head,
-                                      positions_from_mask, transpose_keys)
+from smjax.models.cache import KVCache, init_cache, transpose_keys
+from smjax.models.transformer import Transformer, fuse_for_decode, lm_head, positions_from_mask
 
 
 @flax.struct.dataclass

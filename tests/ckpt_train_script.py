@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smjax.checkpoint import Checkpointer, PreemptionGuard
+from smjax.checkpoint import Checkpointer
+from smjax.preemption import PreemptionGuard
 from smjax.models.presets import get_preset
 from smjax.models.tokenizer import CharTokenizer
 from smjax.models.transformer import Transformer

@@ -25,9 +25,10 @@ import pytest
 import tensorstore as ts
 
 from smjax.checkpoint import (DEFAULT_RUN_NEUTRAL_FIELDS, Checkpointer, ConfigMismatchError,
-                              CorruptCheckpointError, PreemptionGuard, config_diff)
+                              CorruptCheckpointError, config_diff)
 from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
+from smjax.preemption import PreemptionGuard
 from smjax.train.state import OptimizerConfig, TrainState, make_optimizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -14,7 +14,8 @@ from jax.experimental import pallas as pl
 from smjax import flops as flops_lib
 from smjax.flops import ProgramCall, analytic_flops, compiled_flops, matmul_params
 from smjax.ledger import FlopLedger, describe_reach, flops_to_reach
-from smjax.models.transformer import ModelConfig, Transformer, init_cache, init_params
+from smjax.models.cache import init_cache
+from smjax.models.transformer import ModelConfig, Transformer, init_params
 
 
 def test_matmul_counts_exactly_2mnk_and_is_cached_per_signature():

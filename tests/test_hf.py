@@ -88,7 +88,7 @@ def test_missing_tensor_is_named(tmp_path, qwen3_dir):
   from safetensors.numpy import load_file
   tensors = load_file(os.path.join(path, "model.safetensors"))
   del tensors["model.layers.1.mlp.up_proj.weight"]
-  hf.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
+  safetensors_io.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
   with pytest.raises(KeyError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*missing.*\[80, 48\]"):
     hf.load_params(path)
 
@@ -98,7 +98,7 @@ def test_wrong_shape_is_named(tmp_path, qwen3_dir):
   from safetensors.numpy import load_file
   tensors = load_file(os.path.join(path, "model.safetensors"))
   tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((8, 48), np.float32)
-  hf.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
+  safetensors_io.write_safetensors(os.path.join(path, "model.safetensors"), tensors)
   with pytest.raises(ValueError, match=r"k_proj\.weight.*shape \[8, 48\]; expected \[32, 48\]"):
     hf.load_params(path)
 

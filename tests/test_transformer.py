@@ -10,8 +10,8 @@ import jax.numpy as jnp
 
 from hf_models import tiny_hf_model
 from smjax.models import hf
-from smjax.models.transformer import (KVCache, Transformer, fuse_for_decode, init_cache,
-                                      init_params, transpose_keys)
+from smjax.models.cache import KVCache, init_cache, transpose_keys
+from smjax.models.transformer import Transformer, fuse_for_decode, init_params
 from smjax.models.presets import get_preset
 
 CASES = [("qwen2", False), ("qwen2", True), ("qwen3", False), ("qwen3", True), ("llama", False),

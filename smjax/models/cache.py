@@ -7,14 +7,11 @@ H head dim.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-
-if TYPE_CHECKING:
-  from smjax.models.transformer import ModelConfig
 
 
 @flax.struct.dataclass
@@ -44,8 +41,10 @@ class KVCache:
     return self.valid_BS.shape[1]
 
 
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype: Any = None) -> KVCache:
-  """An empty cache of `max_len` slots for `batch` rows."""
+def init_cache(cfg, batch: int, max_len: int, dtype: Any = None) -> KVCache:
+  """An empty cache of `max_len` slots for `batch` rows of the decoder `cfg` (a ModelConfig: its
+  n_layers, n_kv_heads, head_dim and compute dtype; the cache needs nothing else of it, so this
+  module does not import the decoder's)."""
   dtype = cfg.jnp_dtype if dtype is None else dtype
   shape = (batch, cfg.n_kv_heads, max_len, cfg.head_dim)
   zeros = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers))

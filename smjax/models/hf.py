@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from smjax.checkpoint_meta import read_json, require_keys
-from smjax.models.safetensors_io import HFWeights, write_safetensors  # noqa: F401 (public here)
+from smjax.models.safetensors_io import HFWeights, write_safetensors
 from smjax.models.transformer import ModelConfig, RopeScaling
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM")

@@ -37,8 +37,7 @@ import jax
 import jax.numpy as jnp
 
 from smjax.models.attention import PackedRows, attend, decode_attend, packed_attention
-# The KV cache lives in smjax.models.cache; imported here for the decoder and its callers.
-from smjax.models.cache import KVCache, init_cache, transpose_keys  # noqa: F401
+from smjax.models.cache import KVCache
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 

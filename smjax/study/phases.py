@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from smjax import checkpoint as ckpt_lib
 from smjax import paths
 from smjax.domains import TOY_DOMAINS
 from smjax.domains.base import ToyDomain, rng_for
@@ -27,6 +26,7 @@ from smjax.domains.chains import ANSWER_MARK
 from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.transformer import Transformer
+from smjax.preemption import PreemptionGuard
 from smjax.rollout import Sampler
 from smjax.study import store
 from smjax.study.config import TEACHER_EXTRA_TOKENS, correct_fractions, domain_keys
@@ -159,7 +159,7 @@ def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state
   def save(done, state_):
     mgr.save(done, state_, data_state=stream.get_state(), ledger=ledger)
 
-  with mgr, ckpt_lib.PreemptionGuard() as guard:
+  with mgr, PreemptionGuard() as guard:
     state, _ = run_sft(phase=phase, state=state, step=step, examples_iter=stream,
                        tokenizer=shared.tokenizer, seq_len=seq_len, num_steps=num_steps,
                        ledger=ledger, writer=writer, log_every=c.log_every,

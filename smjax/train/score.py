@@ -38,7 +38,8 @@ import jax.numpy as jnp
 
 from smjax.batch import SequenceBatch
 from smjax.models.attention import PackedRows
-from smjax.models.transformer import KVCache, Transformer, init_cache, lm_head
+from smjax.models.cache import KVCache, init_cache
+from smjax.models.transformer import Transformer, lm_head
 from smjax.rl.logprobs import token_logprobs, token_logprobs_and_entropy
 
 
