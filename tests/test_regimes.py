@@ -43,8 +43,11 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
   assert (len(set(levels.values())) > 1) == (cell.difficulty == "uneven"), levels
   if cell.extra == "strong-to-weak":
     assert c.experts.preset and c.experts.preset != c.model.preset
-  if cell.extra == "sparse":
-    assert c.band.high <= 0.15 and min(levels.values()) >= 3
+  hard = study_config.hard_domains(c.band, study_config.domain_keys(c))
+  if cell.extra == "sparse":   # every domain hard, judged by the hard band
+    assert set(hard) == set(c.domains) and c.band.hard_high <= 0.15 and min(levels.values()) >= 3
+  if cell.name in ("shared_uneven", "disjoint_uneven"):   # the domain at the hard level
+    assert hard == (max(levels, key=levels.get),), (hard, levels)
   if tiny:
     assert c.seeds == (0,) and not c.band.check
   else:

@@ -3,6 +3,7 @@ run stopped by a signal and resumed (smjax.study.run.check_band, smjax.study.pha
 smjax.train.guards.Collapse, smjax.train.loop.run_sft)."""
 
 import logging
+import re
 
 import jax
 import numpy as np
@@ -14,7 +15,7 @@ from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.tokenizer import CharTokenizer
 from smjax.models.transformer import Transformer, init_params
-from smjax.study.config import study_defaults
+from smjax.study.config import study_defaults, validate
 from smjax.study.phases import flaw_mixture
 from smjax.study.run import BandError, check_band
 from smjax.study.store import PhaseOutput
@@ -44,6 +45,27 @@ def test_band_refuses_a_base_outside_it_naming_seed_and_values(acc, pass_k, need
   msg = str(e.value)
   assert msg.startswith("seed 3: the base model misses config.band") and needle in msg, msg
   assert "\n" not in msg and "config.band.check=False" in msg
+
+
+def test_hard_domains_are_judged_by_the_hard_band_the_others_by_the_usual_one():
+  """band.hard_domains: a slow domain beside an easy one (the map's uneven cells). The hard band's
+  bounds and headroom apply to it alone; the message says which band it missed."""
+  c = study_defaults()
+  c.band.hard_domains = "math"
+  check_band(c, 0, _base({"math": 0.06, "code": 0.35}, {"math": 0.37, "code": 0.65}))
+  for acc, pass_k, needle in [
+      ({"math": 0.2, "code": 0.35}, {"math": 0.6, "code": 0.65},
+       "math accuracy 20.0% is outside its hard band [2%, 15%]"),
+      ({"math": 0.06, "code": 0.06}, {"math": 0.37, "code": 0.4},
+       "code accuracy 6.0% is outside [20%, 50%]"),
+      ({"math": 0.06, "code": 0.35}, {"math": 0.09, "code": 0.65},
+       "math pass@8 9.0% is less than 5% above"),
+  ]:
+    with pytest.raises(BandError, match=re.escape(needle)):
+      check_band(c, 0, _base(acc, pass_k))
+  c.band.hard_domains = "math,logic"
+  with pytest.raises(ValueError, match=r"config.band.hard_domains='math,logic': 'logic' is not"):
+    validate(c)
 
 
 def test_band_check_off_warns_and_goes_on(caplog):

@@ -140,7 +140,11 @@ def study_defaults() -> mlc.ConfigDict:
   # The band the base's held-out accuracy (mean of 8 samples at rl.temperature, every domain)
   # must land in, with pass@8 at least `min_headroom` above it; a seed outside it stops the study
   # with the measured values (check=False: warn and go on).
-  c.band = mlc.ConfigDict(dict(low=0.2, high=0.5, min_headroom=0.2, check=True))
+  # `hard_domains` ("math,code"; by their names, as config.domains' keys) take the hard band
+  # instead, [hard_low, hard_high] with pass@8 at least hard_min_headroom above: a domain set at a
+  # hard level (domain_difficulty) to be slow beside an easy one, or a sparse-reward study.
+  c.band = mlc.ConfigDict(dict(low=0.2, high=0.5, min_headroom=0.2, check=True, hard_domains="",
+                               hard_low=0.02, hard_high=0.15, hard_min_headroom=0.05))
 
   # Shared by every GRPO phase (joint, experts, self-teacher degradation / GRPO recovery).
   # shared_prompt: the step runs each prompt's forward once for its samples_per_prompt rows (as
@@ -339,7 +343,8 @@ def validate(c: mlc.ConfigDict) -> None:
   if c.form not in ("chain", "short"):
     raise ValueError(f"config.form={c.form!r} must be 'chain' or 'short'")
   for field in ("base.correct_fraction", "opd.capture_fraction", "band.low", "band.high",
-                "report.target_fraction", "run_on.flops_fraction"):
+                "band.hard_low", "band.hard_high", "report.target_fraction",
+                "run_on.flops_fraction"):
     sect, _, key = field.partition(".")
     if not 0.0 <= float(c[sect][key]) <= 1.0:
       raise ValueError(f"config.{field}={c[sect][key]} must be in [0, 1]")
@@ -362,8 +367,10 @@ def validate(c: mlc.ConfigDict) -> None:
       raise ValueError(f"config.{field}={value} must be >= 0")
   correct_fractions(c)   # base.domain_correct_fraction parses and names study domains
   difficulties(c)   # domain_difficulty parses, names toy domains, and every level is in range
-  if c.band.low > c.band.high:
-    raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}")
+  if c.band.low > c.band.high or c.band.hard_low > c.band.hard_high:
+    raise ValueError(f"config.band: low={c.band.low} > high={c.band.high}, or hard_low="
+                     f"{c.band.hard_low} > hard_high={c.band.hard_high}")
+  hard_domains(c.band, domain_keys(c))   # names study domains
   if not 0.0 < c.report.confidence < 1.0:
     raise ValueError(f"config.report.confidence={c.report.confidence} must be in (0, 1)")
 
@@ -466,6 +473,19 @@ def correct_fractions(c: mlc.ConfigDict) -> dict[str, float]:
                        f"one of config.domains' names {tuple(out)}")
     out[name.strip()] = frac
   return out
+
+
+def hard_domains(band, domains) -> tuple[str, ...]:
+  """The domains config.band.hard_domains ("math,code") puts in the hard band; ValueError naming
+  the field when one is not in `domains` (the study's domain keys). `band`: config.band, or the
+  band section of a workdir's config.json (one from before the field: none)."""
+  spec = str(band.get("hard_domains", "") or "")
+  names = tuple(filter(None, (x.strip() for x in spec.split(","))))
+  for name in names:
+    if name not in domains:
+      raise ValueError(f"config.band.hard_domains={spec!r}: {name!r} is not one of "
+                       f"config.domains' names {tuple(domains)}")
+  return names
 
 
 def difficulties(c: mlc.ConfigDict) -> dict[str, int]:

@@ -86,15 +86,19 @@ CELLS = (
          "math at its hard level (three-term sums: about 4 decision sites of two kinds, a carry "
          "dropped or a carry of 2 taken as 1) beside code at level 1: joint GRPO keeps "
          "sampling code once code is solved",
-         {"domains": ("math", "code"), "domain_difficulty": "math=3"}),
+         # The hard domain's base in the hard band (2-15 %; measured 5.7-6.6 % on seeds 0-2),
+         # the easy one in the usual band: a slow domain beside a fast one.
+         {"domains": ("math", "code"), "domain_difficulty": "math=3", "band.hard_domains": "math"}),
     Cell("disjoint_even", "disjoint", "even",
          "math and strings (a running tally): no shared rule; both at level 1",
          {"domains": ("math", "strings"), "base.domain_correct_fraction": "strings=0.3"}),
     Cell("disjoint_uneven", "disjoint", "uneven",
          "strings at its hard level (10 letters over 6: about 8 sites, a repeat not counted "
          "or a letter left unsorted) beside math at level 1",
+         # At the even cell's mixture rate (0.3) the hard strings landed at 16-20 % on seeds 0-2,
+         # between the bands; at 0.15, in the hard band like shared_uneven's hard math.
          {"domains": ("math", "strings"), "domain_difficulty": "strings=3",
-          "base.domain_correct_fraction": "strings=0.3"}),
+          "base.domain_correct_fraction": "strings=0.15", "band.hard_domains": "strings"}),
     Cell("interfering_even", "interfering", "even",
          "add and sub: one surface form (a?b), opposite operations told apart by a one-letter "
          "tag; joint GRPO must learn to condition on it from a one-bit reward",
@@ -116,8 +120,8 @@ CELLS = (
          "accuracy ~2-15 %, pass@8 ~10-40 %): the one-bit reward is sparse",
          {"domains": ("math", "code"), "domain_difficulty": "math=3,code=3",
           # 0.05 left seed 1's math at 1.6 % (seeds 0 and 2: 3.3 % and 4.8 %; code 4-5 %).
-          "base.correct_fraction": 0.08, "band.low": 0.02, "band.high": 0.15,
-          "band.min_headroom": 0.05, "model.max_seq_len": 80, "base.seq_len": 80,
+          "base.correct_fraction": 0.08, "band.hard_domains": "math,code",
+          "model.max_seq_len": 80, "base.seq_len": 80,
           "rl.max_new_tokens": 56},
          extra="sparse"),
 )

@@ -47,7 +47,7 @@ from smjax.checkpoint_meta import config_diff, read_json
 from smjax.models.presets import get_preset
 from smjax.study import phases as ph
 from smjax.study import store
-from smjax.study.config import (domain_keys, external_max_new_tokens, study_defaults,
+from smjax.study.config import (domain_keys, external_max_new_tokens, hard_domains, study_defaults,
                                 upgrade_old_config, validate)
 from smjax.study.render import format_table, write_report
 from smjax.study import rules
@@ -66,14 +66,19 @@ class BandError(ValueError):
 
 def band_problems(band: dict, b) -> list[str]:
   """What a base's band measurement (smjax.study.phases: accuracy and pass@k per domain) misses
-  of config.band `b`: accuracy outside [low, high], or pass@k less than min_headroom above it."""
+  of config.band `b`: accuracy outside [low, high], or pass@k less than min_headroom above it;
+  for the domains in b's hard_domains, of the hard band (hard_low, hard_high,
+  hard_min_headroom)."""
   k, problems = band["samples"], []
+  hard = hard_domains(b, list(band["accuracy"]))
   for d, acc in band["accuracy"].items():
     pk = band["pass_at_k"][d]
-    if not b["low"] <= acc <= b["high"]:
-      problems.append(f"{d} accuracy {acc:.1%} is outside [{b['low']:.0%}, {b['high']:.0%}]")
-    if pk - acc < b["min_headroom"]:
-      problems.append(f"{d} pass@{k} {pk:.1%} is less than {b['min_headroom']:.0%} above its "
+    pre, which = ("hard_", "its hard band ") if d in hard else ("", "")
+    low, high, room = b[pre + "low"], b[pre + "high"], b[pre + "min_headroom"]
+    if not low <= acc <= high:
+      problems.append(f"{d} accuracy {acc:.1%} is outside {which}[{low:.0%}, {high:.0%}]")
+    if pk - acc < room:
+      problems.append(f"{d} pass@{k} {pk:.1%} is less than {room:.0%} above its "
                       f"accuracy {acc:.1%}")
   return problems
 
