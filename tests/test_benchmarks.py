@@ -248,7 +248,7 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
   res = json.loads(out.read_text())
   assert res["smoke"] and res["backend"] == "cpu"
   secs = res["sections"]
-  assert list(secs) == ["kernels", "step", "sampler", "demo"]
+  assert list(secs) == ["kernels", "step", "sampler", "real_model", "demo"]
   for name, rec in secs.items():
     assert "error" not in rec and "skipped" not in rec, (name, rec)
 
@@ -279,6 +279,11 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
       step["compiled_flops"] / step["step_s"] / step["matmul"]["flops_per_s"])
   samp = secs["sampler"]
   assert samp["steps_run"] == samp["new_tokens"] - 1 and samp["tokens_per_s"] > 0
+  real = secs["real_model"]   # the smoke settings on toy-small: the section's code, not SmolLM2
+  assert real["source"].startswith("toy-small") and real["settings"]["steps"] == 2
+  assert [p["step"] for p in real["curve"]] == [0, 1, 2] and real["train_flops_per_step"] > 0
+  assert real["mfu_vs_spec"] == pytest.approx(
+      real["train_flops_per_step"] / real["seconds_per_step"]["median"] / 989e12)
   demo = secs["demo"]
   assert demo["stand_in"] and demo["returncode"] == 0 and demo["verdicts"]
   # Goals are for the GPU run: here every one is marked not applicable, with its value.
