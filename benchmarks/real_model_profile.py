@@ -22,6 +22,7 @@ import collections
 import glob
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -172,6 +173,8 @@ def profile(model, domain, settings, *, steps: int, rate: float) -> dict:
   update = traced_parts(ins.traces["update"], ins.scopes["update"], UPDATE_PARTS)
   decode = traced_parts(ins.traces["rollout"], ins.scopes["decode"], DECODE_PARTS,
                         keep=lambda scope: "/while/body/" in scope)
+  for d in ins.traces.values():
+    shutil.rmtree(d, ignore_errors=True)
   return dict(
       config=s.to_dict(), wall_s=wall, steps_timed=len(timed["update"]),
       # The loop's own step time (rollout, rewards, batch, update), over the same steps.
