@@ -1,16 +1,20 @@
 """Where a decode step's time goes: a `jax.profiler` trace of the sampler's decode loop on a
 GRPO-sized batch, its ops' time grouped by what they compute.
 
-One `Sampler.generate` call (16 prompts x 4 samples = 64 rows, 64 new tokens or `--new-tokens`,
-in the Sampler's decode stages or `--decode-stages`, plain sampling, EOS off, the 'small'
-Qwen3-style model of benchmarks/rollout_vs_hf.py with random weights) is traced
-after warm-up. Every XLA op of the loop body is named by its HLO metadata (the jax source scope,
-e.g. `Transformer/layers_0/mlp/dot_general`) and put in one part; a part's time is the wall time
+One `Sampler.generate` call (16 prompts or `--prompts`, x 4 samples: 64 rows; 64 new tokens or
+`--new-tokens`, in the Sampler's decode stages or `--decode-stages`; plain sampling, EOS off; the
+'small' Qwen3-style model of benchmarks/rollout_vs_hf.py with random weights, or `--preset`'s;
+prompts of `--prompt-len` / 2 to `--prompt-len` tokens) is traced after warm-up. Every XLA op of
+the loop body is named by its HLO metadata (the jax source scope, e.g.
+`Transformer/layers_0/mlp/dot_general`) and put in one part; a part's time is the wall time
 during which any of its ops ran on any thread (intervals merged), divided by the decode steps.
 The matmul floor is the generation's analytic FLOPs at this process's f32 [2048, 2048] matmul rate.
 
   .venv/bin/python benchmarks/decode_profile.py --out docs/decode_profile.json
   .venv/bin/python benchmarks/decode_profile.py --new-tokens 512 --decode-stages 1 --out /tmp/p.json
+  # the toy at the study's evaluation shape (128 prompts x 4 samples, 44 new tokens)
+  .venv/bin/python benchmarks/decode_profile.py --preset toy-tiny --prompts 128 --prompt-len 20 \
+      --new-tokens 44 --out docs/decode_profile_toy.json
 """
 
 from __future__ import annotations
@@ -106,6 +110,10 @@ def main() -> int:
   ap.add_argument("--decode-stages", type=int, default=None,
                   help="the Sampler's decode_stages (default: its own, one per 32 new tokens, "
                        "at most 8)")
+  ap.add_argument("--preset", default="", help="a smjax.models.presets name (default: the 'small' "
+                  "model of benchmarks/rollout_vs_hf.py)")
+  ap.add_argument("--prompts", type=int, default=16, help="prompts (x 4 samples: the rows)")
+  ap.add_argument("--prompt-len", type=int, default=32, help="the prompt bucket")
   ap.add_argument("--out", default="bench_results/decode_profile.json")
   args = ap.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
@@ -114,13 +122,18 @@ def main() -> int:
   from smjax import rollout as ro  # pylint: disable=import-outside-toplevel
   from smjax.models.transformer import ModelConfig, init_params  # pylint: disable=import-outside-toplevel
 
-  cfg = ModelConfig(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2,
-                    head_dim=64, d_ff=768, max_seq_len=1024, qk_norm=True, rope_theta=1e6)
+  from smjax.models.presets import get_preset  # pylint: disable=import-outside-toplevel
+
+  cfg = get_preset(args.preset) if args.preset else ModelConfig(
+      vocab_size=4096, d_model=256, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=64, d_ff=768,
+      max_seq_len=1024, qk_norm=True, rope_theta=1e6)
   params = init_params(cfg, jax.random.key(0))
   rng = np.random.RandomState(0)
-  prompts = [[int(t) for t in rng.randint(3, 4096, rng.randint(16, 33))] for _ in range(16)]
-  rows, new_tokens = 64, args.new_tokens
-  sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(32,),
+  P = args.prompt_len
+  prompts = [[int(t) for t in rng.randint(3, cfg.vocab_size, rng.randint(P // 2, P + 1))]
+             for _ in range(args.prompts)]
+  rows, new_tokens = 4 * args.prompts, args.new_tokens
+  sampler = ro.Sampler(cfg, max_new_tokens=new_tokens, eos_id=None, pad_id=0, prompt_buckets=(P,),
                        decode_stages=args.decode_stages)
   captured = {}
   loops = {name: getattr(ro, name) for name in LOOPS}
@@ -173,8 +186,8 @@ def main() -> int:
   out = dict(benchmark="decode_profile", command="python benchmarks/decode_profile.py "
              + " ".join(sys.argv[1:]), cpu=_cpu(), threads=len(os.sched_getaffinity(0)),
              jax=jax.__version__, date=datetime.date.today().isoformat(), rows=rows,
-             new_tokens=new_tokens, decode_stages=len(dec.decode_stages(32, new_tokens,
-                                                                      sampler.stages)),
+             model=args.preset or "small", new_tokens=new_tokens,
+             decode_stages=len(dec.decode_stages(P, new_tokens, sampler.stages)),
              generate_s=seconds, steps=steps,
              ms_per_step=seconds / (steps + 1) * 1e3, matmul_flops_per_s=peak,
              floor_fraction=useful / seconds / peak, traced_ms_per_step=total,

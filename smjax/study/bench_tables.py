@@ -101,7 +101,9 @@ def bench_markdown(data: dict) -> str:
     floor = 100 * data["floor_fraction"]
     stages = data.get("decode_stages", 1)
     staged = f" in {stages} decode stages" if stages > 1 else ""
-    return "\n".join([head, "", f"{data['rows']} rows x {data['new_tokens']} new tokens{staged}, "
+    model = f"{data['model']}, " if data.get("model", "small") != "small" else ""
+    return "\n".join([head, "", f"{model}{data['rows']} rows x {data['new_tokens']} new tokens"
+                      f"{staged}, "
                       f"{data['ms_per_step']:.2f} ms per decode step ({floor:.0f} % of the matmul "
                       "floor); the wall time in which each part's ops ran, per step (parts run "
                       "side by side on the threads, so they add up to more than the step):", "",
