@@ -401,7 +401,10 @@ def run(argv: list[str] | None = None):
       parsed = flags.FLAGS(argv)
     except (AttributeError, KeyError) as e:  # ml_collections: an override naming no field
       raise ValueError(_no_field(e, argv)) from e
-    _ = _CONFIG.value  # loads the config file: its errors are the user's
+    # Loads the config file: its errors are the user's, and come before the usage check's.
+    # ml_collections keeps a file's load error for the first access to the config it returns.
+    if _CONFIG.value is not None:
+      _CONFIG.value.get("name")
     _check_usage(parsed)
     app.run(main, argv=argv, flags_parser=lambda _: parsed)
   except SystemExit as e:

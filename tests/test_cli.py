@@ -122,6 +122,14 @@ def test_missing_required_flag_is_one_line_exit_2(args, missing):
   assert not os.path.exists(os.path.join(ROOT, "runs", "nowhere"))
 
 
+def test_a_missing_config_file_is_named_before_a_missing_workdir(tmp_path):
+  """ml_collections keeps a config file's load error for the config's first use: the study asks
+  for it first, so the file the user mistyped is named, not the flag they have yet to add."""
+  p = _smjax("study", f"--config={tmp_path / 'nope.py'}:two_domain")
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert p.stderr.startswith(f"smjax: error: config file {tmp_path / 'nope.py'}: no such file")
+
+
 def test_rg_domain_without_reasoning_gym_names_the_extra(tmp_path):
   """reasoning-gym is an optional extra (installed here, so its import is made to fail): an
   `rg:` domain is refused in one line naming the extra, not a traceback."""
