@@ -49,7 +49,8 @@ ignored through .git/info/exclude; both calls on one warm machine, the second ri
 preset, a few new tokens; the demo section runs its subprocess and report reading on a stand-in
 child (the smallest real study takes minutes on CPU). The script runs from a plain checkout (it
 maps kernels/ to smjax.kernels when smjax is not installed); the demo child needs the study's
-packages (grain, ml-collections, ...).
+packages (grain, ml-collections, ...), and the real_model section's conversion the `gguf` wheel
+(an H200 image seen in 2026-11 had jax, flax, optax, orbax, tokenizers and jinja2, not these).
 """
 
 from __future__ import annotations
