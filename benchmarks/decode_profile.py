@@ -75,6 +75,25 @@ def merged_ns(intervals) -> int:
   return total + (0 if cur is None else cur[1] - cur[0])
 
 
+def traced_parts(trace_dir: str, scopes: dict[str, str], parts, keep=lambda scope: True) -> dict:
+  """{part: milliseconds} of the ops of one program (`scopes`: its HLO instruction -> jax scope)
+  in a `jax.profiler` trace, each op in the first part whose test its scope passes."""
+  from jax._src.lib import _profile_data  # pylint: disable=import-outside-toplevel
+  profile = _profile_data.ProfileData.from_file(
+      glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
+  intervals = collections.defaultdict(list)
+  # Every thread's events: XLA:CPU runs small ops on the calling thread, the rest on its pool.
+  for plane in profile.planes:
+    for line in plane.lines:
+      for ev in line.events:
+        scope = scopes.get(ev.name)
+        if scope is None or not keep(scope):   # the executor's own spans, other programs
+          continue
+        part = next(name for name, test in parts if test(scope))
+        intervals[part].append((ev.start_ns, ev.end_ns))
+  return {name: merged_ns(intervals[name]) / 1e6 for name, _ in parts if name in intervals}
+
+
 def decode_matmuls(cfg, rows: int) -> list[tuple[str, int, int, int, int]]:
   """A decode step's matmuls on one device as (name, M, K, N, count per step): the fused q/k/v and
   gate/up products of `fuse_for_decode`, the output and down projections per layer, the LM head."""
@@ -117,7 +136,6 @@ def main() -> int:
   ap.add_argument("--out", default="bench_results/decode_profile.json")
   args = ap.parse_args()
   import jax  # pylint: disable=import-outside-toplevel
-  from jax._src.lib import _profile_data  # pylint: disable=import-outside-toplevel
   from smjax import decode as dec  # pylint: disable=import-outside-toplevel
   from smjax import rollout as ro  # pylint: disable=import-outside-toplevel
   from smjax.models.transformer import ModelConfig, init_params  # pylint: disable=import-outside-toplevel
@@ -165,21 +183,9 @@ def main() -> int:
   with tempfile.TemporaryDirectory() as trace_dir:
     with jax.profiler.trace(trace_dir):
       run().completion_BC.block_until_ready()
-    profile = _profile_data.ProfileData.from_file(
-        glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
-  intervals = collections.defaultdict(list)
-  for plane in profile.planes:
-    for line in plane.lines:
-      if "XLAEigen" not in line.name:  # XLA:CPU's compute threads
-        continue
-      for ev in line.events:
-        scope = scopes.get(ev.name, "")
-        if "/while/body/" not in scope:
-          continue
-        part = next(name for name, test in PARTS if test(scope))
-        intervals[part].append((ev.start_ns, ev.end_ns))
+    traced = traced_parts(trace_dir, scopes, PARTS, keep=lambda scope: "/while/body/" in scope)
   steps = result.steps_run
-  parts = {name: merged_ns(v) / 1e6 / steps for name, v in intervals.items()}
+  parts = {name: ms / steps for name, ms in traced.items()}
   total = sum(parts.values())
   categories = [dict(category=name, ms_per_step=parts[name], share=parts[name] / total)
                 for name, _ in PARTS if name in parts]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import shutil
@@ -32,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 # pylint: disable=wrong-import-position
-from decode_profile import LOOPS, PARTS as DECODE_PARTS, merged_ns, op_scopes  # noqa: E402
+from decode_profile import LOOPS, PARTS as DECODE_PARTS, op_scopes, traced_parts  # noqa: E402
 from real_model import _matmul_rate  # noqa: E402
 from study_seeds import _cpu  # noqa: E402
 
@@ -44,25 +43,6 @@ UPDATE_PARTS = (  # (part, test on the op's jax scope), first match wins
     ("norms, residuals, embedding", lambda op: "Transformer" in op),
     ("optimizer (AdamW, clipping), loss, advantages", lambda op: True),
 )
-
-
-def traced_parts(trace_dir: str, scopes: dict[str, str], parts, keep=lambda scope: True) -> dict:
-  """{part: milliseconds} of the ops of one program (`scopes`: its HLO instruction -> jax scope)
-  in a `jax.profiler` trace, each op in the first part whose test its scope passes."""
-  from jax._src.lib import _profile_data  # pylint: disable=import-outside-toplevel
-  profile = _profile_data.ProfileData.from_file(
-      glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)[0])
-  intervals = collections.defaultdict(list)
-  # Every thread's events: XLA:CPU runs small ops on the calling thread, the rest on its pool.
-  for plane in profile.planes:
-    for line in plane.lines:
-      for ev in line.events:
-        scope = scopes.get(ev.name)
-        if scope is None or not keep(scope):   # the executor's own spans, other programs
-          continue
-        part = next(name for name, test in parts if test(scope))
-        intervals[part].append((ev.start_ns, ev.end_ns))
-  return {name: merged_ns(intervals[name]) / 1e6 for name, _ in parts if name in intervals}
 
 
 class Instrument:
