@@ -66,20 +66,22 @@ study: $(VENV)/.core sandbox-tools malloc-tools
 	$(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --workdir=$(STUDY_WORKDIR) \
 	  --config.seeds="($(shell echo $(STUDY_SEEDS) | tr ' ' ','),)"
 
-# The regime map (smjax/study/regimes.py): every cell in turn, each a study in its own workdir under
-# REGIMES_WORKDIR (a finished cell is reused, an interrupted one resumes; a cell whose base misses
-# its band stops, and the next one runs), compiled programs shared through one persistent cache;
-# then the map. REGIMES_CELLS="sparse disjoint_even" runs some.
+# The regime map (smjax/study/regimes.py): its cells, REGIMES_JOBS at a time (each a study in its
+# own workdir under REGIMES_WORKDIR, running its independent phases side by side: a toy phase keeps
+# about one core busy, and a cell's joint GRPO runs alone, so two cells at once keep 2 cores busy).
+# A finished cell is reused, an interrupted one resumes; a cell whose base misses its band stops,
+# and the next one runs; compiled programs are shared through one persistent cache; then the map.
+# REGIMES_CELLS="sparse disjoint_even" runs some.
 REGIMES_WORKDIR ?= runs/regimes
+REGIMES_JOBS ?= 2
 REGIMES_CELLS ?= $(shell $(BIN)/python -m smjax.study.regimes cells --names 2>/dev/null)
 regimes: $(VENV)/.core sandbox-tools malloc-tools
-	@mkdir -p $(REGIMES_WORKDIR); for c in $(REGIMES_CELLS); do \
-	  echo "cell $$c (log $(REGIMES_WORKDIR)/$$c.log)"; \
+	@mkdir -p $(REGIMES_WORKDIR); printf '%s\n' $(REGIMES_CELLS) | \
 	  JAX_COMPILATION_CACHE_DIR=$(abspath $(REGIMES_WORKDIR))/jax_cache \
-	  $(BIN)/python -m smjax.main --config=configs/regimes.py:$$c --config.progress=False \
-	    --workdir=$(REGIMES_WORKDIR)/$$c > $(REGIMES_WORKDIR)/$$c.log 2>&1 || \
-	    echo "cell $$c stopped: see the end of $(REGIMES_WORKDIR)/$$c.log"; \
-	done
+	  xargs -P $(REGIMES_JOBS) -I{} sh -c 'echo "cell {} (log $(REGIMES_WORKDIR)/{}.log)"; \
+	    $(BIN)/python -m smjax.main --config=configs/regimes.py:{} --config.progress=False \
+	      --workdir=$(REGIMES_WORKDIR)/{} > $(REGIMES_WORKDIR)/{}.log 2>&1 || \
+	      echo "cell {} stopped: see the end of $(REGIMES_WORKDIR)/{}.log"'
 	$(BIN)/smjax report $(REGIMES_WORKDIR)
 
 test: $(VENV)/.dev sandbox-tools malloc-tools

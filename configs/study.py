@@ -49,9 +49,6 @@ def get_config(arg=None):
     c.opd.eval_refine = 8
     c.experts.bars = (0.9, 1.0)
     c.checkpoint_every = 100
-    # The two experts side by side, then the MOPD runs from their checkpoint sets: one process
-    # using both cores of the demo's 2-core budget (the same results as one at a time).
-    c.parallel_phases = 2
   else:
     c.seeds = (0, 1, 2, 3, 4)
     c.joint.steps = 400 * n
@@ -69,6 +66,10 @@ def get_config(arg=None):
     c.base.steps = 2700
     c.base.correct_fraction = 0.2
     c.base.domain_correct_fraction = "code=0.15,logic=0.6,strings=0.35"
+  # The experts side by side, then the MOPD runs from their checkpoint sets (and the teachers'
+  # arms): one process using both cores of a 2-core machine, the same results as one at a time
+  # (a toy phase keeps about one core busy).
+  c.parallel_phases = 2
   if a.demo or a.main:
     # The main comparison only (claims (a), (b)); external and self teachers are in `full`.
     c.phases = ("base", "joint", "experts", "mopd")

@@ -6,7 +6,7 @@ grid of conditions, each condition (a *cell*) a whole study in its own workdir u
 folder, so that a cell resumes from its checkpoints, a finished cell is reused, and the map renders
 from whatever cells have finished seeds:
 
-  make regimes REGIMES_WORKDIR=runs/regimes           # every cell in turn (hours on 2 cores)
+  make regimes REGIMES_WORKDIR=runs/regimes           # two cells at a time (hours on 2 cores)
   python -m smjax.main --config=configs/regimes.py:disjoint_even --workdir=runs/regimes/disjoint_even
   smjax report runs/regimes                           # the map, partial while cells run
   python -m smjax.study.regimes cells                 # the cells' names, conditions, domains
@@ -67,10 +67,13 @@ class Cell:
 # Shared by every cell: the main comparison at the full study's sizes, three seeds (the map's
 # cost is cells x seeds; five where the budget allows: --config.seeds). The map reads sampled
 # accuracy only, so its cells skip the greedy pass (a quarter of every evaluation's time, and
-# evaluation is most of a cell's), except shared_even, which is the full study itself.
+# evaluation is most of a cell's), except shared_even, which is the full study itself. The
+# experts, then the MOPD runs, side by side (parallel_phases, as the full study: a toy phase keeps
+# about one of 2 cores busy; run-neutral).
 MAIN = ("base", "joint", "experts", "mopd")
 _COMMON = {"phases": MAIN, "seeds": (0, 1, 2), "mopd.steps": 400, "eval.points": 10,
-           "external.steps": 400, "self_teacher.recover_steps": 300, "eval.greedy": False}
+           "external.steps": 400, "self_teacher.recover_steps": 300, "eval.greedy": False,
+           "parallel_phases": 2}
 # Claim (c) across teachers (external-teacher OPD from the bigger verbose teacher, and from the
 # control teacher of the student's size on plain chains) in the cells where it is cheap:
 # shared_even, whose seeds the full two-domain study runs with every arm anyway, and
