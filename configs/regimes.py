@@ -1,7 +1,7 @@
 r"""The regime map: one cell of it, a whole study of the main comparison under one condition.
 
   python -m smjax.main --config=configs/regimes.py:disjoint_even --workdir=runs/regimes/disjoint_even
-  make regimes REGIMES_WORKDIR=runs/regimes          # every cell in turn, each its own workdir
+  make regimes REGIMES_WORKDIR=runs/regimes          # every cell, two at a time
   smjax report runs/regimes                          # the map (partial while cells run)
 
 Arguments: a cell's name (`python -m smjax.study.regimes cells` lists them: skill {shared,
