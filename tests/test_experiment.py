@@ -550,6 +550,16 @@ def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys
   assert done["mean"]["verdict"] in json.load(open(root / "report" / "shared_even" /
                                                    "report.json"))["verdicts"]
   assert set(done["zero_variance_groups"]) == {"math", "code"}
+  # Each route's ceiling: the merged student's final accuracy against joint GRPO's, per seed.
+  own_arms = json.load(open(root / "report" / "shared_even" / "report.json"))["arms"]
+  diff = own_arms["split_merge"]["accuracy_vs_reference"]
+  assert done["final"]["difference"]["per_seed"] == diff["per_seed"]
+  final = {a: own_arms[a]["accuracy_mean"]["mean"] for a in ("split_merge", "joint_grpo")}
+  assert done["final"]["difference"]["mean"] == pytest.approx(
+      final["split_merge"] - final["joint_grpo"])
+  above = sum(x > 0 for x in diff["per_seed"])
+  assert f"{100 * diff['mean']:+.1f}" in out and f"({above} of 1 seeds above)" in out
+  assert "final" not in running
   # The mini study runs the teachers' arms: claim (c) across teachers, from the cell's report.
   assert done["teachers"] and all(v.startswith("(c)") for v in done["teachers"])
   assert any("external-teacher OPD" in v for v in done["teachers"])

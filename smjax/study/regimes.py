@@ -18,7 +18,8 @@ the frontier's saving at the report's target level (mean over domains, and every
 level) with its seed-level interval and how many seeds agree, and the diagnostics that explain
 it: joint GRPO's share of zero-advantage groups per domain (samples spent on a domain it has
 solved, or cannot yet solve), each route's FLOPs to the level, distillation's share of the
-experts' FLOPs.
+experts' FLOPs; and each route's final accuracy, since the levels are shares of joint GRPO's gain
+and a route that ends above joint GRPO shows it there, not in a saving.
 
 Cells are `Cell`s: their settings are config overrides on `study_defaults()`, sized as the full
 two-domain study (`configs/study.py:two_domain,full,main`), each calibrated so that its base
@@ -260,8 +261,9 @@ def _zero_variance(cell_dir: str, seeds, domains) -> dict[str, float]:
 def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = None) -> dict:
   """One cell's line of the map from its workdir: its report (written to `out_dir`), the saving
   at the target level on both frontiers with their intervals and seed agreement, distillation's
-  share, each route's FLOPs to the level, joint GRPO's zero-advantage share per domain. A cell
-  with no finished comparison yet says what it has."""
+  share, each route's FLOPs to the level, joint GRPO's zero-advantage share per domain, and each
+  route's final accuracy with their difference per seed (`final`). A cell with no finished
+  comparison yet says what it has."""
   # pylint: disable=import-outside-toplevel
   from smjax.study.run import load_arms, make_report
   spec = next((c for c in CELLS if c.name == name), None)
@@ -296,6 +298,16 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
     row[on]["verdict"] = next((v for v in report.get("verdicts") or []
                                if v.startswith("(a)") and f"({where})" in v), "")
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
+  # Each route's ceiling: the levels are shares of joint GRPO's gain, so a cell where
+  # split-then-merge ends above joint GRPO (interfering skills, say) shows it here, not in a
+  # saving. Final held-out accuracy (mean over domains) of joint GRPO and of the student
+  # distilled from the experts' final checkpoints (`split_merge`), and their difference per seed.
+  arms_r = report.get("arms") or {}
+  merged = arms_r.get("split_merge") or {}
+  if "accuracy_vs_reference" in merged:
+    row["final"] = {"joint": (arms_r.get(ref) or {}).get("accuracy_mean"),
+                    "split": merged.get("accuracy_mean"),
+                    "difference": merged["accuracy_vs_reference"]}
   # Claim (c) across teachers, in the cells that run the teachers' arms: the cell's own (c)
   # lines (the bigger verbose teacher's and the student-size plain one's OPD against joint GRPO,
   # in FLOPs to the level and answer length).
@@ -338,12 +350,23 @@ def _pct(v: dict | None) -> str:
   return _ci(v, pct=True, signed=True) if v else "-"
 
 
+def _points(v: dict | None) -> str:
+  """An accuracy difference in points: "-3.5 [-7.4, +0.4] (0 of 3 seeds above)"."""
+  if not v:
+    return "-"
+  per_seed = [stats.number(x) for x in v.get("per_seed") or []]
+  f = lambda x: f"{100 * x:+.1f}"  # noqa: E731
+  m, lo, hi = (stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  out = f(m) + (f" [{f(lo)}, {f(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else "")
+  return out + f" ({sum(x > 0 for x in per_seed)} of {len(per_seed)} seeds above)"
+
+
 def map_markdown(data: dict) -> str:
   """The map as a markdown table (one row per cell) and each cell's verdict line."""
   head = ("| cell | skill | difficulty | seeds | saving at the level, mean [interval] | "
-          "every domain at its level | distillation / experts | joint GRPO's zero-advantage "
-          "groups |")
-  lines = [head, "|---|---|---|---|---|---|---|---|"]
+          "every domain at its level | distillation / experts | final accuracy, split-then-merge "
+          "minus joint GRPO (points) | joint GRPO's zero-advantage groups |")
+  lines = [head, "|---|---|---|---|---|---|---|---|---|"]
   for r in data["cells"]:
     mean, every = r.get("mean") or {}, r.get("every") or {}
     zv = " ".join(f"{d} {100 * v:.0f}%" for d, v in sorted(
@@ -352,7 +375,8 @@ def map_markdown(data: dict) -> str:
     lines.append(f"| {r['cell']} | {r['skill']} | {r['difficulty']}"
                  f"{' + ' + r['extra'] if r['extra'] else ''} | {seeds} | "
                  f"{_pct(mean.get('saving'))} | {_pct(every.get('saving'))} | "
-                 f"{_pct(mean.get('distillation_share')).lstrip('+')} | {zv} |")
+                 f"{_pct(mean.get('distillation_share')).lstrip('+')} | "
+                 f"{_points((r.get('final') or {}).get('difference'))} | {zv} |")
   verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
               for r in data["cells"] if r.get("mean")]
   teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
