@@ -136,3 +136,34 @@ def test_zero_advantage_share_per_domain_or_over_all_domains_for_older_runs(tmp_
             {"step": 10, "reward/zero_variance_groups": 0.25}])
   assert regimes._zero_variance(str(tmp_path), [1], ["math", "code"]) == {"all domains": 0.375}
   assert regimes._zero_variance(str(tmp_path), [2], ["math", "code"]) == {}
+
+
+def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
+  """A page's generated block from a map.json (`render --update-docs`, as docs/regimes.md is): the
+  map's table, a cell's final-accuracy difference in points with its seeds above, its verdict,
+  the cells not started; a second pass changes nothing."""
+  import json
+  from smjax.study import render
+  s = lambda m, lo, hi, per: {"mean": m, "lo": lo, "hi": hi, "per_seed": per}  # noqa: E731
+  cell = {"cell": "disjoint_even", "skill": "disjoint", "difficulty": "even", "extra": "",
+          "about": "math and strings", "seeds": [0, 1, 2], "status": "done",
+          "mean": {"saving": s(-0.5, -0.9, -0.1, [-0.4, -0.5, -0.6]),
+                   "distillation_share": s(0.25, 0.2, 0.3, [0.2, 0.25, 0.3]),
+                   "verdict": "(a) at 90% of joint_grpo's gain (mean over domains): dearer"},
+          "every": {"saving": s(-0.2, -0.4, 0.0, [-0.1, -0.2, -0.3])},
+          "final": {"difference": s(-0.035, -0.074, 0.004, [-0.03, 0.01, -0.085])},
+          "zero_variance_groups": {"math": 0.75, "strings": 0.5}, "teachers": []}
+  (tmp_path / "docs").mkdir()
+  (tmp_path / "docs" / "map.json").write_text(json.dumps(
+      {"map": "runs/regimes", "cells": [cell], "not_started": ["sparse"]}))
+  page = (f"# Map\n\n{render.GENERATED.format(src='docs/map.json')}\nstale\n{render.END}\n"
+          "after\n")
+  monkeypatch.chdir(tmp_path)
+  out = render.update_docs(page)
+  assert "stale" not in out and out.endswith(f"{render.END}\nafter\n")
+  assert ("| disjoint_even | disjoint | even | 3 | -50.0% [-90.0, -10.0] | -20.0% [-40.0, +0.0] "
+          "| 25.0% [+20.0, +30.0] | -3.5 [-7.4, +0.4] (1 of 3 seeds above) | math 75% strings "
+          "50% |") in out
+  assert "- **disjoint_even** (math and strings): (a) at 90% of joint_grpo's gain" in out
+  assert "Not started: sparse." in out
+  assert render.update_docs(out) == out

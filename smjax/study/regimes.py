@@ -325,6 +325,7 @@ def map_report(workdir: str, out: str | None = None, bootstrap: int | None = Non
   if not found:
     raise ValueError(f"{workdir}: no cell of the regime map has started (expected directories "
                      f"named after cells: {names})")
+  from smjax.study.render import map_markdown  # pylint: disable=import-outside-toplevel
   rows = [cell_row(n, paths.join(workdir, n), paths.join(out, n), bootstrap) for n in found]
   data = {"map": workdir, "cells": rows, "not_started": [n for n in names if n not in found]}
   paths.makedirs(out)
@@ -342,52 +343,6 @@ def _jsonable(x):
   if isinstance(x, (np.floating, np.integer)):
     return x.item()
   raise TypeError(f"not JSON-serialisable: {type(x)}")
-
-
-def _pct(v: dict | None) -> str:
-  # pylint: disable-next=import-outside-toplevel
-  from smjax.study.render import _ci
-  return _ci(v, pct=True, signed=True) if v else "-"
-
-
-def _points(v: dict | None) -> str:
-  """An accuracy difference in points: "-3.5 [-7.4, +0.4] (0 of 3 seeds above)"."""
-  if not v:
-    return "-"
-  per_seed = [stats.number(x) for x in v.get("per_seed") or []]
-  f = lambda x: f"{100 * x:+.1f}"  # noqa: E731
-  m, lo, hi = (stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
-  out = f(m) + (f" [{f(lo)}, {f(hi)}]" if math.isfinite(lo) and math.isfinite(hi) else "")
-  return out + f" ({sum(x > 0 for x in per_seed)} of {len(per_seed)} seeds above)"
-
-
-def map_markdown(data: dict) -> str:
-  """The map as a markdown table (one row per cell) and each cell's verdict line."""
-  head = ("| cell | skill | difficulty | seeds | saving at the level, mean [interval] | "
-          "every domain at its level | distillation / experts | final accuracy, split-then-merge "
-          "minus joint GRPO (points) | joint GRPO's zero-advantage groups |")
-  lines = [head, "|---|---|---|---|---|---|---|---|---|"]
-  for r in data["cells"]:
-    mean, every = r.get("mean") or {}, r.get("every") or {}
-    zv = " ".join(f"{d} {100 * v:.0f}%" for d, v in sorted(
-        (r.get("zero_variance_groups") or {}).items())) or "-"
-    seeds = f"{len(r['seeds'])}" + ("" if r["status"] == "done" else f" ({r['status']})")
-    lines.append(f"| {r['cell']} | {r['skill']} | {r['difficulty']}"
-                 f"{' + ' + r['extra'] if r['extra'] else ''} | {seeds} | "
-                 f"{_pct(mean.get('saving'))} | {_pct(every.get('saving'))} | "
-                 f"{_pct(mean.get('distillation_share')).lstrip('+')} | "
-                 f"{_points((r.get('final') or {}).get('difference'))} | {zv} |")
-  verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
-              for r in data["cells"] if r.get("mean")]
-  teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
-              for r in data["cells"] if r.get("teachers")]
-  if teachers:
-    teachers = ["", "Claim (c) across teachers (external-teacher OPD from the bigger verbose "
-                "teacher; control-teacher OPD from one of the student's size on plain chains):"
-                ] + teachers
-  missing = data.get("not_started") or []
-  tail = [f"\nNot started: {', '.join(missing)}."] if missing else []
-  return "\n".join(lines + ([""] + verdicts if verdicts else []) + teachers + tail) + "\n"
 
 
 def plot_map(data: dict, path) -> None:
