@@ -12,9 +12,11 @@ comparison's phases (base, joint GRPO, experts, MOPD: claims (a), (b)), as `demo
 `short`: the short-answer regime (answers alone, the previous default) instead of the chain form.
 
 Expected result: docs/study.md (the demo's frontier, table and verdicts, generated from
-docs/demo_report.json; one seed, so its intervals cover evaluation noise only). The full studies
-under the frontier are still to be run (several hours each on 2 cores); the reports of the previous
-instrument, whose claim (a) was set by the experts' stop rule, are in docs/archive/stop_rule/.
+docs/demo_report.json; one seed, so its intervals cover evaluation noise only).
+`two_domain,full,main` on five seeds: docs/study_two_full_report.json
+(docs/study.md#the-full-studies; hours on 2 cores); every arm of it and `four_domain,full` are
+still running. The reports of the previous instrument, whose claim (a) was set by the experts'
+stop rule, are in docs/archive/stop_rule/.
 `four_domain`: its base recipe lands in the band on seeds 0-4 (docs/four_domain_band.json,
 docs/study.md#four-domains).
 """
