@@ -535,12 +535,22 @@ def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys
   data = json.load(open(path))
   data["arms"] = [a for a in data["arms"] if not a["arm"].startswith("split_merge")]
   json.dump(data, open(path, "w"))
+  # A cell with more finished seeds than its config asks for (a shared study's): done.
+  more = root / "disjoint_even"
+  shutil.copytree(study[0], more)
+  shutil.copytree(more / "seed_0", more / "seed_1")
+  data = json.load(open(more / "seed_1" / "arms.json"))
+  for a in data["arms"]:
+    a["seed"] = 1
+  json.dump(data, open(more / "seed_1" / "arms.json", "w"))
   assert regimes.is_map(str(root)) and not regimes.is_map(str(study[0]))
   assert report_cli.main([str(root), "--bootstrap=20"]) == 0
   out = capsys.readouterr().out
   m = json.load(open(root / "report" / "map.json"))
   rows = {r["cell"]: r for r in m["cells"]}
-  assert list(rows) == ["shared_even", "interfering_even"]   # in the grid's order
+  assert list(rows) == ["shared_even", "disjoint_even", "interfering_even"]   # the grid's order
+  assert json.load(open(more / "config.json"))["seeds"] == [0]
+  assert rows["disjoint_even"]["status"] == "done" and rows["disjoint_even"]["seeds"] == [0, 1]
   done, running = rows["shared_even"], rows["interfering_even"]
   assert done["status"] == "done" and done["seeds"] == [0] and done["skill"] == "shared"
   own = json.load(open(root / "report" / "shared_even" / "report.json"))["frontier"]

@@ -285,7 +285,8 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
     row["status"] = "running" if arms else "not started"
     return row
   report = make_report(config, [a for a in arms if a.seed in done], out_dir)
-  row["status"] = "done" if done == sorted(config.seeds) else "partial"
+  # done: every configured seed finished (a shared study may bring more seeds than the cell asks)
+  row["status"] = "done" if set(config.seeds) <= set(done) else "partial"
   level = f"{float(config.report.target_fraction):g}"
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
