@@ -64,11 +64,13 @@ def test_an_unknown_or_missing_cell_is_one_line():
 
 
 def test_the_map_page_lists_every_cell_with_its_domains():
+  """The cells' table of docs/regimes.md: a row per cell naming its domains (the page's map
+  table, generated from the map report, has rows per cell too, without the domains)."""
   text = open(os.path.join(ROOT, "docs", "regimes.md")).read()
   for c in regimes.CELLS:
-    row = next((line for line in text.splitlines() if line.startswith(f"| {c.name} |")), None)
-    assert row is not None, f"docs/regimes.md has no row for cell {c.name}"
-    assert all(d in row for d in c.settings["domains"]), (c.name, row)
+    rows = [line for line in text.splitlines() if line.startswith(f"| {c.name} |")]
+    assert rows, f"docs/regimes.md has no row for cell {c.name}"
+    assert any(all(d in row for d in c.settings["domains"]) for row in rows), (c.name, rows)
 
 
 def _study_config(arg):
