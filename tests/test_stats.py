@@ -243,3 +243,15 @@ def test_nan_and_infinite_seeds_are_counted():
   # each seed's own value (all its prompts), in seed order; strict JSON keeps inf as a string
   assert x["per_seed"] == [1.0, 2.0] and y["per_seed"] == [math.inf, 1.0]
   assert stats.jsonable(y)["per_seed"] == ["inf", 1.0]
+
+
+def test_summarised_figures_come_in_one_order_in_every_process():
+  """The summary's figures are in sorted order, not a set's (whose order changes with each
+  process's string hashing), so that a report's JSON is the same file in every run."""
+  names = [f"arm{i % 7}|figure/{i}" for i in range(40)]
+  rng = np.random.default_rng(0)
+  shuffled = list(rng.permutation(names))
+  per_seed = lambda s, idx: {n: float(s + i) for i, n in enumerate(shuffled)}  # noqa: E731
+  prompts = {0: {"math": 4}, 1: {"math": 4}}
+  out = stats.summarise(per_seed, stats.identity(prompts), stats.draws(prompts, 5, rng), 0.95)
+  assert list(out) == sorted(names)

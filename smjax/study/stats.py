@@ -180,7 +180,9 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
   def over(draw):
     seeds, idx = draw
     vals = {s: per_seed(s, idx[s]) for s in set(seeds)}
-    names = {k for v in vals.values() for k in v}
+    # Sorted: a set of names iterates in an order that changes from one process to the next
+    # (string hashing), and the report's JSON would with it.
+    names = sorted({k for v in vals.values() for k in v})
     return {k: [vals[s].get(k, math.nan) for s in seeds] for k in names}
 
   base = over(point)
