@@ -143,7 +143,7 @@ def test_zero_advantage_share_per_domain_or_over_all_domains_for_older_runs(tmp_
 def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
   """A page's generated block from a map.json (`render --update-docs`, as docs/regimes.md is): the
   map's table, a cell's final-accuracy difference in points with its seeds above, its verdict,
-  the cells not started; a second pass changes nothing."""
+  its collapsed runs, the cells not started; a second pass changes nothing."""
   import json
   from smjax.study import render
   s = lambda m, lo, hi, per: {"mean": m, "lo": lo, "hi": hi, "per_seed": per}  # noqa: E731
@@ -154,7 +154,9 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
                    "verdict": "(a) at 90% of joint_grpo's gain (mean over domains): dearer"},
           "every": {"saving": s(-0.2, -0.4, 0.0, [-0.1, -0.2, -0.3])},
           "final": {"difference": s(-0.035, -0.074, 0.004, [-0.03, 0.01, -0.085])},
-          "zero_variance_groups": {"math": 0.75, "strings": 0.5}, "teachers": []}
+          "zero_variance_groups": {"math": 0.75, "strings": 0.5}, "teachers": [],
+          "collapsed": [{"arm": "expert_math", "seed": 1, "step": 82,
+                         "what": "no sample has scored and the gradient has been 0 for 25 steps"}]}
   (tmp_path / "docs").mkdir()
   (tmp_path / "docs" / "map.json").write_text(json.dumps(
       {"map": "runs/regimes", "cells": [cell], "not_started": ["sparse"]}))
@@ -167,5 +169,7 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
           "| 25.0% [+20.0, +30.0] | -3.5 [-7.4, +0.4] (1 of 3 seeds above) | math 75% strings "
           "50% |") in out
   assert "- **disjoint_even** (math and strings): (a) at 90% of joint_grpo's gain" in out
+  assert ("- **disjoint_even**: expert_math on seed 1 at step 82 (no sample has scored and the "
+          "gradient has been 0 for 25 steps)") in out
   assert "Not started: sparse." in out
   assert render.update_docs(out) == out

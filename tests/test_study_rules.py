@@ -162,6 +162,61 @@ def test_collapse_on_uniform_output_and_on_heldout_falling_to_zero():
   off.evaluation(1, 0.0)
 
 
+def _scripted_grpo(loop, *, rewards, accuracies, progress=None, saves=None):
+  """run_rl with its rollout, step and evaluator scripted: step i's batch scores rewards[i] with
+  a zero gradient when it is 0; evaluation k reads accuracies[k]. Returns (result, rollouts)."""
+  import itertools   # pylint: disable=import-outside-toplevel
+  import types   # pylint: disable=import-outside-toplevel
+  from smjax.train import loop as loop_lib   # pylint: disable=import-outside-toplevel
+  ex = types.SimpleNamespace(domain="math", prompt="q")
+  calls, accs = [], iter(accuracies)
+
+  def rollout(*a, rng, **k):
+    calls.append(1)
+    r = np.float32(rewards[len(calls) - 1])
+    return loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.array([3.0, 5.0]), num_samples=2),
+                            [ex, ex], np.array([r, r])), []
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(loop_lib, "rollout", rollout)
+    mp.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
+    step = lambda state, batch: (state, {"loss": 0.0, "finite": 1.0, "grad_norm": batch})  # noqa
+    result = loop_lib.run_rl(
+        types.SimpleNamespace(params="p"), name="expert_math", loop=loop, progress=progress,
+        step=step, make_batch=lambda ro: (float(ro.rewards_B.mean()), [], {}), sampler=None,
+        tokenizer=None, prompts=itertools.repeat([ex]), verify=None,
+        save=None if saves is None else lambda i, state, prog: saves.append(
+            (i, dict(prog.collapsed or {}))),
+        evaluator=lambda params: ({"accuracy": {"math": next(accs)}}, []))
+  return result, len(calls)
+
+
+def test_a_collapse_ends_the_run_as_an_outcome_when_asked_and_a_resume_returns_at_once():
+  """loop.collapse_ends (a study's phases): the collapse is the run's result, not an error: the
+  run stops at the step that showed it, saves with the collapse recorded, and a run resumed from
+  that progress returns at once; without it, the same run raises. Held-out accuracy falling to 0
+  ends it at that evaluation, the point kept on the curve."""
+  from smjax.train.loop import RLLoopConfig, RLProgress   # pylint: disable=import-outside-toplevel
+  dead = [0.5, 0.5] + [0.0] * 20
+  loop = RLLoopConfig(steps=20, samples_per_prompt=2, eval_every_steps=10, log_every=5,
+                      progress=False, collapse_window=3)
+  with pytest.raises(CollapseError, match="collapsed at step 5: no sample has scored"):
+    _scripted_grpo(loop, rewards=dead, accuracies=[0.1] * 5)
+  ends = RLLoopConfig(**{**loop.__dict__, "collapse_ends": True})
+  saves, prog = [], RLProgress()
+  result, rollouts = _scripted_grpo(ends, rewards=dead, accuracies=[0.1] * 5, progress=prog,
+                                    saves=saves)
+  # Steps 2, 3 and 4 (0-based) score nothing; step 4's metrics are read after step 5 ran.
+  assert result.collapsed == {"step": 5, "what": "no sample has scored and the gradient has "
+                              "been 0 for 3 steps"}, result.collapsed
+  assert rollouts == 6 and prog.step == 6 and saves == [(6, result.collapsed)], (rollouts, saves)
+  assert [p["step"] for p in result.curve] == [0]      # no evaluation after the collapse
+  again, more = _scripted_grpo(ends, rewards=dead, accuracies=[], progress=prog)
+  assert more == 0 and again.collapsed == result.collapsed
+  fall, _ = _scripted_grpo(ends, rewards=[0.5] * 20, accuracies=[0.0, 0.4, 0.0, 0.3])
+  assert fall.collapsed == {"step": 20, "what": "held-out accuracy fell to 0 from 40.0%"}
+  assert [p["mean"] for p in fall.curve] == [0.0, 0.4, 0.0]
+
+
 def test_sft_stops_on_a_signal_at_a_save_and_resumes_exactly():
   """run_sft: a stop (SIGTERM flag) saves and returns; resuming from what was saved (state,
   stream position, ledger) gives bitwise the parameters of the uninterrupted run."""

@@ -272,7 +272,9 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
         eval_growth=float(c.eval.growth),
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
         seed=shared.seed * 7919 + stream_seed, progress=c.progress,
-        collapse_window=int(c.collapse_window))
+        # A collapsed policy is a result of the route that ran it: the phase ends there and the
+        # report says so (config.collapse_window=0 runs on to the cap instead).
+        collapse_window=int(c.collapse_window), collapse_ends=True)
     make_batch = algo.batch(init_params, router)
     state = shared.new_state(jax.tree.map(jnp.copy, init_params), algo.tx)
     prompts = shared.prompts(domains, prompts_per_step or rl.prompts_per_step, stream_seed)
@@ -309,16 +311,14 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
         flops_offset=flops_offset, fix_eval_every=fix, stop_at=stop_at,
         # Only a phase with a stop rule runs on past it (and declares run_on).
         run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)) if stop_at else (0, 0.0),
-        on_eval=on_eval if snapshot_at else None,
-        collapse_advice=f"config.{algo.section}.learning_rate="
-        f"{rl.learning_rate} too high for this model (rerun with a lower one into "
-        f"a fresh --workdir, or delete {phase}/ under the seed's directory)")
+        on_eval=on_eval if snapshot_at else None)
     if result.stopped:
       raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
                        "command to resume")
     return PhaseOutput(result.state.params, result.ledger, result.curve,
                        {"last_metrics": result.last_metrics, "reached": result.reached,
-                        "stop_point": result.stop_point, "snapshots": snaps})
+                        "stop_point": result.stop_point, "snapshots": snaps,
+                        "collapsed": result.collapsed})
 
   return store.run_phase(workdir, c, phase, reads, shared.abstract_params(), fn)
 

@@ -313,6 +313,9 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   # lines (the bigger verbose teacher's and the student-size plain one's OPD against joint GRPO,
   # in FLOPs to the level and answer length).
   row["teachers"] = [v for v in report.get("verdicts") or [] if v.startswith("(c)")]
+  # Runs whose policy collapsed (each ended there, an outcome of its route; smjax.train.guards).
+  row["collapsed"] = [{"arm": name, **c} for name, arm in sorted(arms_r.items())
+                      for c in arm.get("collapsed") or []]
   return row
 
 

@@ -63,6 +63,9 @@ class ArmResult:
   # bar of experts.bars or "final", "step", "flops"}}); experts: the checkpoints they kept
   # ({bar: {"step", "flops", ...}}).
   experts_at: dict = dataclasses.field(default_factory=dict)
+  # The run's policy collapsed and the run ended there ({"step", "what"}; smjax.train.guards):
+  # an outcome of the route, reported; the arm's curve ends at the collapse.
+  collapsed: dict | None = None
 
   @property
   def total_flops(self) -> float:
@@ -369,7 +372,8 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
         "group": runs[0].group, "seeds": [r.seed for r in runs],
         "reference": (reference_arm if runs[0].group == "main" else "recover_grpo"),
         "reached_stop_rule": [r.reached for r in runs if r.reached is not None],
-        "notes": sorted({r.note for r in runs if r.note})}
+        "notes": sorted({r.note for r in runs if r.note}),
+        "collapsed": [{"seed": r.seed} | r.collapsed for r in runs if r.collapsed]}
   for key, field in (("target", "target_accuracy"), ("recover_target", "recover_target")):
     v = summary.get(f"_study|{key}")
     out[field] = None if v is None else stats.jsonable(v)

@@ -186,7 +186,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
                domains=domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
-    arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint)))
+    arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint),
+                          collapsed=joint.extra.get("collapsed")))
   # The base the experts grow from: the student's, or the bigger model SFT'd as the base is,
   # after joint GRPO has fixed the seed's evaluation grid with the student's step.
   grown_base, preset = base, grown.model_cfg.name
@@ -200,6 +201,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                   init_params=grown_base.params, domains=domains, steps=config.joint.steps,
                   stream_seed=10, eval_refine=int(config.joint.eval_refine))
       arms.append(ArmResult(ph.JOINT_STRONG.name, seed, strong.curve, train(strong),
+                            collapsed=strong.extra.get("collapsed"),
                             note=f"joint GRPO on {preset} from base_strong (beside the "
                             "reference, not a route of the frontier)"))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
@@ -235,6 +237,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                             note=f"GRPO on {d} only, {per_step} prompts per step" + (
                                 "" if grown is shared else f", {preset} from base_strong"),
                             reached=experts[d].extra.get("reached") if bars[d] else None,
+                            collapsed=experts[d].extra.get("collapsed"),
                             experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
@@ -271,10 +274,13 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
             arm, seed, mopd.curve, by_phase, expert_flops=expert_flops,
             distill_flops=sum(train(mopd).values()), teachers=names,
             capture_fraction=o.capture_fraction, reached=mopd.extra.get("reached"),
+            collapsed=mopd.extra.get("collapsed"),
             experts_at={d: {k: m[k] for k in ("at", "step", "flops")} for d, m in members.items()},
             note="MOPD from the experts " + (
                 "" if grown is shared else f"({preset}) ") + "stopped at " + ", ".join(
-                f"{d} {m['at']} (step {m['step']})" for d, m in members.items())))
+                f"{d} {m['at']} (step {m['step']}"
+                + (", collapsed" if experts[d].extra.get("collapsed") else "") + ")"
+                for d, m in members.items())))
   external = None
   if "external" in phases or "self_teacher" in phases:
     external = ph.phase_external_teacher(shared, workdir)
@@ -309,6 +315,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                             distill_flops=sum(train(ext).values()),
                             teachers={d: f"{who}_teacher" for d in domains},
                             capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
+                            collapsed=ext.extra.get("collapsed"),
                             note=f"OPD from the {who} teacher, up to {cap} new tokens"))
   if "self_teacher" in phases:
     for arm in _self_teacher(shared, workdir, joint, external):
@@ -417,7 +424,7 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
-                    group="recovery", note=how)]
+                    group="recovery", note=how, collapsed=degraded.extra.get("collapsed"))]
   opd, grpo = ph.opd(shared), ph.grpo(shared)
   # Each route's teacher is made as its phase starts (the external one reads its preset then).
   routes = (
@@ -435,6 +442,7 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
     arms.append(ArmResult(spec.name, shared.seed, out.curve, _train_flops(out), group="recovery",
                           target=target, teachers={rec_d: "joint_grpo"}, start="degrade",
                           capture_fraction=st.recover_target_fraction,
+                          collapsed=out.extra.get("collapsed"),
                           distill_flops=sum(_train_flops(out).values()) if algo is opd else 0.0))
   return arms
 

@@ -147,8 +147,13 @@ def verdicts(report: dict) -> list[str]:
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
         "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point))
+  fell = [f"{name} on seed {c['seed']} at step {c['step']} ({c['what']})"
+          for name, arm in arms.items() for c in arm.get("collapsed") or []]
+  if fell:   # an outcome of its route: the arm's curve ends at the collapse
+    fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
   if not lines:
-    return []
+    return fell
+  lines += fell
   n = len(report.get("seeds") or [])
   if point:
     return lines + ["Intervals: none: one seed and no bootstrap replicates (`smjax report "

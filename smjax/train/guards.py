@@ -36,7 +36,11 @@ def check_finite(phase: str, step: int, m: dict[str, float]) -> None:
 # ------------------------------------------------------------------------------ collapse
 
 class CollapseError(RuntimeError):
-  """The policy collapsed without a non-finite step (`Collapse`)."""
+  """The policy collapsed without a non-finite step (`Collapse`); `what`: the sign, in words."""
+
+  def __init__(self, message: str, what: str = ""):
+    super().__init__(message)
+    self.what = what
 
 
 class Collapse:
@@ -55,7 +59,8 @@ class Collapse:
   def _fail(self, step: int, what: str) -> None:
     raise CollapseError(f"{self.name}: the policy collapsed at step {step}: {what}. Likely "
                         f"cause: {self.advice}; or turn the check off to run on "
-                        "(--config.collapse_window=0 in a study, RLLoopConfig.collapse_window=0)")
+                        "(--config.collapse_window=0 in a study, RLLoopConfig.collapse_window=0)",
+                        what)
 
   def step(self, i: int, m: dict) -> None:
     if not self.window:

@@ -36,7 +36,7 @@ from smjax.ledger import FlopLedger
 from smjax.models.transformer import ModelConfig, Transformer
 from smjax.rollout import RolloutResult, Sampler
 from smjax.train import steps as steps_lib
-from smjax.train.guards import Collapse, check_finite
+from smjax.train.guards import Collapse, CollapseError, check_finite
 from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, sci
 from smjax.train.score import target_logprobs
 from smjax.train.teachers import TeacherRouter
@@ -237,6 +237,9 @@ class RLLoopConfig:
   seed: int = 0
   progress: bool = True
   collapse_window: int = 25     # steps a collapse sign must last to stop the run (0: no check)
+  # A collapse ends the run as an outcome (RunResult.collapsed, saved) instead of raising a
+  # CollapseError: for a study, where a route whose policy collapsed is a result to report.
+  collapse_ends: bool = False
 
   def __post_init__(self):
     for name in ("steps", "samples_per_prompt", "log_every"):
@@ -256,6 +259,7 @@ class RLProgress:
   ledger: FlopLedger = dataclasses.field(default_factory=FlopLedger)
   curve: list = dataclasses.field(default_factory=list)
   next_eval_flops: float = math.inf
+  collapsed: dict | None = None   # {"step", "what"}: the collapse that ended the run
 
 
 @dataclasses.dataclass
@@ -267,6 +271,7 @@ class RunResult:
   stopped: bool = False          # `should_stop` ended the run early (after a save)
   reached: bool = False          # a curve point met `stop_at` (the run then ran on, `run_on`)
   stop_point: int | None = None  # the index in `curve` of the first point that met it
+  collapsed: dict | None = None  # {"step", "what"} when a collapse ended it (loop.collapse_ends)
 
 
 def _next_eval(every: float, done_flops: float, growth: float = 0.0,
@@ -356,7 +361,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     check_finite(name, i, m)
     m |= host
     m["time/step_s"] = seconds
-    collapse.step(i, m)
+    collapse.step(i + 1, m)   # steps done, as the metric lines count them
     if writer is not None and (i % loop.log_every == 0 or i == loop.steps - 1):
       writer.write(i, m)
     bar.set_postfix(reward=f"{m['reward/mean']:.2f}", loss=f"{m['loss']:.3f}",
@@ -383,11 +388,21 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     if on_eval is not None:
       on_eval(prog.curve[-1], state, prog)
   at = stop_index()
-  if ran_on(at):
-    return RunResult(state, prog.ledger, prog.curve, {}, False, True, at)
+  if ran_on(at) or (prog.collapsed and loop.collapse_ends):   # a resumed run that had ended
+    return RunResult(state, prog.ledger, prog.curve, {}, False, at is not None, at,
+                     prog.collapsed)
   pending, last, stopped, finished = None, {}, False, False
   bar = tqdm(range(prog.step, loop.steps), desc=name, disable=not bar_on,
              dynamic_ncols=True, initial=prog.step, total=loop.steps)
+
+  def collapsed(e: CollapseError, step_: int) -> None:   # loop.collapse_ends: the run ends here
+    if not loop.collapse_ends:
+      raise e
+    prog.collapsed = {"step": step_, "what": e.what}
+    collapse.window = 0   # checked no more: the steps still pending are logged as they were
+    log.warning("%s: the policy collapsed at step %d (%s); the run ends there, its collapse "
+                "reported (collapse_window=0 runs on)", name, step_, e.what)
+
   for i in bar:
     t0 = time.perf_counter()
     rng = jax.random.fold_in(jax.random.key(loop.seed), i)
@@ -401,15 +416,22 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     state, metrics = step(state, batch)
     host = rollout_metrics(ro) | host
     host["flops/training"] = training()   # up to this step's update
-    if pending is not None:
-      last = finish(*pending)
-    pending = (i, metrics, host, time.perf_counter() - t0)
     done = prog.step = i + 1
+    if pending is not None:
+      try:
+        last = finish(*pending)
+      except CollapseError as e:
+        collapsed(e, pending[0] + 1)
+    pending = (i, metrics, host, time.perf_counter() - t0)
     due_steps = loop.eval_every_steps and done % loop.eval_every_steps == 0
-    if evaluator is not None and (due_steps or training() >= prog.next_eval_flops
-                                  or done == loop.steps):
+    if not prog.collapsed and evaluator is not None and (
+        due_steps or training() >= prog.next_eval_flops or done == loop.steps):
       prog.next_eval_flops = _next_eval(every, training(), loop.eval_growth, flops_offset)
-      point = evaluate(state, done)
+      try:
+        point = evaluate(state, done)
+      except CollapseError as e:
+        collapsed(e, done)
+        point = prog.curve[-1]
       bar.set_postfix_str(f"heldout={point['mean']:.3f}")
       if on_eval is not None:
         on_eval(point, state, prog)
@@ -420,15 +442,20 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
       every = fix_eval_every(prog.ledger.total(training_only=True))
       prog.next_eval_flops = min(prog.next_eval_flops, _next_eval(every, training()))
     stopped = should_stop is not None and should_stop()
-    if save is not None and (stopped or finished or done == loop.steps or
+    ended = finished or prog.collapsed is not None
+    if save is not None and (stopped or ended or done == loop.steps or
                              (loop.checkpoint_every and done % loop.checkpoint_every == 0)):
       save(done, state, prog)
-    if stopped or finished:
+    if stopped or ended:
       break
   if pending is not None:
-    last = finish(*pending, last=True)
+    try:   # a collapse seen only now, on the cap's step, is recorded (the run ended anyway)
+      last = finish(*pending, last=True)
+    except CollapseError as e:
+      collapsed(e, pending[0] + 1)
   bar.close()
-  return RunResult(state, prog.ledger, prog.curve, last, stopped, at is not None, at)
+  return RunResult(state, prog.ledger, prog.curve, last, stopped, at is not None, at,
+                   prog.collapsed)
 
 
 def run_rl_checkpointed(state, *, checkpointer, prompts, open_writer: Callable[[], Any],
@@ -454,13 +481,14 @@ def run_rl_checkpointed(state, *, checkpointer, prompts, open_writer: Callable[[
     prompts.set_state(restored.data_state)
     progress = RLProgress(step=restored.step, ledger=FlopLedger.from_dict(restored.ledger),
                           curve=restored.extra["curve"],
-                          next_eval_flops=restored.extra["next_eval_flops"])
+                          next_eval_flops=restored.extra["next_eval_flops"],
+                          collapsed=restored.extra.get("collapsed"))
     log.warning("phase %s: resumed from its checkpoint at step %d", name, restored.step)
 
   def save(step_, state_, prog):
     checkpointer.save(step_, state_, data_state=prompts.get_state(), ledger=prog.ledger,
-                      extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops}
-                      | kept)
+                      extra={"curve": prog.curve, "next_eval_flops": prog.next_eval_flops,
+                             "collapsed": prog.collapsed} | kept)
 
   # The checkpointer is a context manager: an error inside the run (a collapse, a non-finite
   # step) waits for its pending async save before it propagates, so no save is left running.
