@@ -192,6 +192,13 @@ def test_report_arms_and_flops_add_up(study):
     assert {"rollout/prefill", "rollout/decode", "train/policy"} <= set(
         training_flops(results[phase]["ledger"])), phase
   assert training_flops(results["mopd"]["ledger"]).get("train/teacher", 0) > 0
+  # The experts at the per-domain batch (experts.prompts_per_step=0, the default): each samples
+  # half of joint GRPO's rows a step, so each domain sees as many samples in both routes.
+  rows = {}
+  for phase in ["joint_grpo"] + experts:
+    with open(os.path.join(wd, "seed_0", phase, "logs", "metrics.jsonl")) as f:
+      rows[phase] = {json.loads(ln).get("num_sequences") for ln in f} - {None}
+  assert rows["joint_grpo"] == {8.0} and all(rows[e] == {4.0} for e in experts), rows
   expert_total = sum(sum(training_flops(results[e]["ledger"]).values()) for e in experts)
   mopd_total = sum(training_flops(results["mopd"]["ledger"]).values())
   sm = rep["arms"]["split_merge"]
