@@ -4,6 +4,7 @@ alone decides the answer (one pair, one prompt after the tag, two answers); held
 disjoint by construction and the same in both; mistakes and the base's mixture rate; lengths,
 difficulty levels and errors."""
 
+import itertools
 import random
 import re
 
@@ -37,10 +38,27 @@ def truth(prompt):
   return tag, a, b, width, (3 * digit_sum(a) + digit_sum(b)) % 5 == 0
 
 
+def _ref_value(tag, a, b, width, flipped=()):
+  """The value a chain arrives at with the columns in `flipped` worked by the other tag's
+  operation: each column's result digit and its flag (a carry of x + y + c >= 10, or a borrow of
+  x - y - c < 0), the flag taken by the next column as the chain's own operation does; add writes
+  a last carry as its leading digit, sub has no place for one."""
+  digits, flag = [], 0
+  for i in range(width):
+    x, y = _digit(a, i), _digit(b, i)
+    adds = (tag == "a") != (i in flipped)
+    total = x + y + flag if adds else x - y - flag
+    digits.append(total % 10)
+    flag = int(total >= 10) if adds else int(total < 0)
+  value = sum(d * 10 ** i for i, d in enumerate(digits))
+  return value + (10 ** width if tag == "a" and flag else 0)
+
+
 def ref_chain(tag, a, b, width):
   """Columns units first, "x?y?flag=digit,flag_out;": add carries (x + y + c), sub borrows
-  (x - y - c); then #a+b or #a-b. Also the number of sites: carries or borrows out of a column."""
-  parts, flag, sites = [], 0, 0
+  (x - y - c); then #a+b or #a-b. Also the number of sites: the columns where the other tag's
+  operation alone changes the value."""
+  parts, flag = [], 0
   for i in range(width):
     x, y = _digit(a, i), _digit(b, i)
     if tag == "a":
@@ -50,8 +68,10 @@ def ref_chain(tag, a, b, width):
       total = x - y - flag
       out = 1 if total < 0 else 0
     parts.append(f"{x}?{y}?{flag}={total % 10},{out};")
-    flag, sites = out, sites + out
+    flag = out
   value = a + b if tag == "a" else a - b
+  assert _ref_value(tag, a, b, width) == value
+  sites = sum(_ref_value(tag, a, b, width, {i}) != value for i in range(width))
   return "".join(parts) + f"#{value}", sites, value
 
 
@@ -136,20 +156,24 @@ def _ex(name, a, b, width):
                  metadata={"a": a, "b": b, "op": "+" if name == "add" else "-", "width": width})
 
 
-# Worked by hand: (domain, a, b, width, gold chain, chain with every site flawed, sites).
+# Worked by hand: (domain, a, b, width, gold chain, chain with every site flawed, sites). A
+# flawed site is a column worked by the other operation, its flag read on by the chain's own.
 HAND = [
     ("add", 573, 89, 3, "3?9?0=2,1;7?8?1=6,1;5?0?1=6,0;#662",
-     "3?9?0=2,1;7?8?0=5,1;5?0?0=5,0;#552", 2),      # both carries dropped: 662 - 10 - 100
+     "3?9?0=4,1;7?8?1=8,1;5?0?1=4,0;#484", 3),      # every column subtracts: sub's chain
     ("sub", 573, 89, 3, "3?9?0=4,1;7?8?1=8,1;5?0?1=4,0;#484",
-     "3?9?0=4,1;7?8?0=9,1;5?0?0=5,0;#594", 2),      # both borrows dropped: 484 + 10 + 100
+     "3?9?0=2,1;7?8?1=6,1;5?0?1=6,0;#662", 3),      # every column adds: add's chain
     ("add", 950, 50, 3, "0?0?0=0,0;5?5?0=0,1;9?0?1=0,1;#1000",
-     "0?0?0=0,0;5?5?0=0,1;9?0?0=9,0;#900", 2),      # a dropped carry stops the ripple
+     "0?0?0=0,0;5?5?0=0,0;9?0?0=9,0;#900", 2),      # 0?0: no site; 5?5: the same digit, no carry
     ("sub", 100, 1, 3, "0?1?0=9,1;0?0?1=9,1;1?0?1=0,0;#99",
-     "0?1?0=9,1;0?0?0=0,0;1?0?0=1,0;#109", 2),      # a dropped borrow stops the ripple
-    ("add", 55, 39, 2, "5?9?0=4,1;5?3?1=9,0;#94", "5?9?0=4,1;5?3?0=8,0;#84", 1),
-    ("sub", 55, 39, 2, "5?9?0=6,1;5?3?1=1,0;#16", "5?9?0=6,1;5?3?0=2,0;#26", 1),
-    ("add", 50, 50, 2, "0?0?0=0,0;5?5?0=0,1;#100", "0?0?0=0,0;5?5?0=0,1;#0", 1),  # final carry
-    ("sub", 50, 50, 2, "0?0?0=0,0;5?5?0=0,0;#0", "0?0?0=0,0;5?5?0=0,0;#0", 0),
+     "0?1?0=1,0;0?0?0=0,0;1?0?0=1,0;#101", 3),
+    ("add", 55, 39, 2, "5?9?0=4,1;5?3?1=9,0;#94", "5?9?0=6,1;5?3?1=1,0;#16", 2),
+    ("sub", 55, 39, 2, "5?9?0=6,1;5?3?1=1,0;#16", "5?9?0=4,1;5?3?1=9,0;#94", 2),
+    ("add", 99, 99, 2, "9?9?0=8,1;9?9?1=9,1;#198", "9?9?0=0,0;9?9?0=8,1;#180", 1),  # 9?9?1: as
+    # 9 + 9 + 1 = 19 and 9 - 9 - 1 = -1 both write 9 and a flag: not a site
+    ("add", 50, 50, 2, "0?0?0=0,0;5?5?0=0,1;#100", "0?0?0=0,0;5?5?0=0,0;#0", 1),  # final carry
+    ("sub", 50, 50, 2, "0?0?0=0,0;5?5?0=0,0;#0", "0?0?0=0,0;5?5?0=0,0;#0", 0),  # 5+5's carry
+    # out of sub's last column has no place: no site (draw_pair never draws such a pair)
 ]
 
 
@@ -272,10 +296,16 @@ def test_mistakes(name, d):
     bad = dom.chain_solution(e, lambda s: True)
     assert bad.count("#") == 1 and len(bad.split("#")[0]) == len(e.solution.split("#")[0])
     assert dom.extract_answer(bad) != str(value) and dom.verify(e, bad) == 0.0
-    # Flawing one site at a time changes the answer too (a flawed site is carried on).
-    for k in range(sites):
-      one = dom.chain_solution(e, lambda s, k=k: s == k)
-      assert dom.verify(e, one) == 0.0, (e.prompt, k, one)
+    # Flawing any set of sites changes the answer too (a flawed site is carried on), and the
+    # flawed chain arrives where the other operation at those columns takes it.
+    tag, a, b, width, _ = truth(e.prompt)
+    cols = [i for i in range(width) if _ref_value(tag, a, b, width, {i}) != value]
+    for n in range(1, sites + 1):
+      for ks in itertools.combinations(range(sites), n):
+        some = dom.chain_solution(e, lambda s, ks=ks: s in ks)
+        assert dom.verify(e, some) == 0.0, (e.prompt, ks, some)
+        want = _ref_value(tag, a, b, width, {cols[k] for k in ks})
+        assert dom.extract_answer(some) == str(want), (e.prompt, ks, some, want)
 
 
 @pytest.mark.parametrize("name", TAGGED)

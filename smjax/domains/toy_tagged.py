@@ -9,26 +9,32 @@ interfere instead: the prompts after the tag ("a:" or "s:") are drawn from one d
 the chains have one format, with the operator written `?` in the prompt and in every column, so
 the only thing that says whether a column adds or subtracts is the tag at the start of the
 prompt. Joint GRPO must learn to condition on it from a one-bit reward per sample; an expert of
-either domain shows it token by token. (Once a column's digit is written, the operation can also
-be read off the chain: the first column where the two operations differ already tells them
-apart, and it is written from the tag alone.)
+either domain shows it token by token.
+
+The mistake sites are the operation itself: a flawed column is computed by the other domain's
+operation (its flag carried on), so the base's mistakes are all "did what the other tag asks",
+and what GRPO on one domain rewards (add here) is what the other domain punishes. (A first
+construction flawed the carries and borrows instead, math's and code's kind of site: there, on
+the regime map's first seed, GRPO on add alone lifted sub from 31 % to 87 % and GRPO on sub alone
+lifted add from 29 % to 56 %: a shared skill, not an interfering one.)
 
 Chain form, units first, one column "a_i?b_i?flag_in=digit,flag_out;" each, then ANSWER_MARK and
 the value: add carries (digit = (a_i + b_i + c) mod 10, flag = the carry), sub borrows
-(digit = (a_i - b_i - c) mod 10, flag = whether it borrowed). Sites: every carry (add: each one
-consumed by the next column or written as the leading digit) and every borrow (sub), dropped
-and carried on consistently as smjax.domains.chains.math_chain / code_chain do, so that any
-flawed site changes the final answer. The short form (the answer alone) shares the prompts.
+(digit = (a_i - b_i - c) mod 10, flag = whether it borrowed). Sites (`op_sites`): the columns
+where the other operation, the rest of the chain right, changes the answer (a column with
+b_i + flag_in of 0 or 10 comes out the same either way, and sub's last column has no place for
+the flag the other operation would leave). Any set of flawed sites changes the final answer
+(checked over every level in the tests). The short form (the answer alone) shares the prompts.
 
 difficulty d: operands of d + 2 digits, zero-padded: prompts of 2d + 8 characters (8, 10, 12),
 chains of 10 (d + 2) + 1 + answer characters (at most 24, 35, 46; difficulty 2 passes the
 toy study's rl.max_new_tokens=44, as math's does).
 
 Operand pairs, the same in both domains: a, b uniform with a >= b (so that a - b >= 0 and the
-answer has no sign), kept only when the pair has at least one carry in a + b and at least one
-borrow in a - b, so that every example of either domain admits a mistake (and b > 0, so the two
-answers always differ). Example `index` of a split, seed and difficulty is the same pair in both
-domains (drawn from a stream seeded by the family, not the domain's name).
+answer has no sign), kept only when both chains have a site, so that every example of either
+domain admits a mistake (and so b > 0: the two answers always differ). Example `index` of a
+split, seed and difficulty is the same pair in both domains (drawn from a stream seeded by the
+family, not the domain's name).
 
 Held-out split, disjoint by construction, the same pairs in both domains: a pair is held out iff
 (3·digitsum(a) + digitsum(b)) mod 5 == 0, toy math's rule (smjax.domains.toy_math): every digit
@@ -71,42 +77,61 @@ def _digits(n: int, width: int) -> list[int]:
   return [int(c) for c in str(n).zfill(width)[::-1]]
 
 
+def _column(op: str, x: int, y: int, f_in: int) -> tuple[int, int]:
+  """One column by `op`: (digit, flag out): add carries, sub borrows."""
+  s = x + y + f_in if op == "+" else x - y - f_in
+  return s % 10, (s // 10 if op == "+" else int(s < 0))
+
+
+def _run(op: str, da: list[int], db: list[int], flipped: set[int]) -> tuple[str, int]:
+  """The chain of `op` with the columns in `flipped` computed by the other operation, each
+  flag carried on into the next column as `op` reads it; (chain text, the value it arrives at)."""
+  other = "-" if op == "+" else "+"
+  parts, flag, out = [], 0, []
+  for i, (x, y) in enumerate(zip(da, db)):
+    digit, nxt = _column(other if i in flipped else op, x, y, flag)
+    out.append(digit)
+    parts.append(f"{x}?{y}?{flag}={digit},{nxt};")
+    flag = nxt
+  # Add's final carry is its leading digit; sub with a >= b never borrows out of its last column
+  # (a flag left there by a flipped column is dropped, as sub's rule has no place for it).
+  lead = [flag] if op == "+" and flag else []
+  return "".join(parts), int("".join(map(str, lead + out[::-1])))
+
+
+def op_sites(op: str, a: int, b: int, width: int) -> list[int]:
+  """The columns where computing by the other operation, the rest of the chain right, changes
+  the answer: the chain's mistake sites, in order (a column with b_i + flag_in of 0 or 10 comes
+  out the same either way)."""
+  da, db = _digits(a, width), _digits(b, width)
+  gold = _run(op, da, db, set())[1]
+  return [i for i in range(width) if _run(op, da, db, {i})[1] != gold]
+
+
 def tagged_chain(op: str, a: int, b: int, width: int, flaw: Flaw = _keep) -> tuple[str, int]:
   """a + b (op "+") or a - b (op "-", a >= b) by columns, units first:
   "a_i?b_i?flag_in=digit,flag_out;", then ANSWER_MARK and the value the chain arrives at, and
-  that value. `flaw(site)` is asked at every incoming carry or borrow and at add's final carry
-  (True: dropped, i.e. taken as 0, and carried on)."""
+  that value. The mistake sites are the operation itself: `flaw(site)` is asked at each column
+  of `op_sites`, in order (True: that column is computed by the other operation, and its flag
+  carried on), so a flawed chain does what the other domain's tag asks for at those columns."""
   if op not in ("+", "-"):
     raise ValueError(f"op={op!r} must be '+' or '-'")
   if op == "-" and a < b:
     raise ValueError(f"a={a} < b={b}: sub's chains need a >= b")
-  da, db = _digits(a, width), _digits(b, width)
-  parts, flag, out, site = [], 0, [], 0
-  for i in range(width):
-    f_in = flag
-    if flag:
-      f_in, site = (0 if flaw(site) else 1), site + 1
-    s = da[i] + db[i] + f_in if op == "+" else da[i] - db[i] - f_in
-    digit, flag = s % 10, (s // 10 if op == "+" else int(s < 0))
-    out.append(digit)
-    parts.append(f"{da[i]}?{db[i]}?{f_in}={digit},{flag};")
-  # Sub with a >= b never borrows out of its last column, even with borrows dropped (dropping
-  # one only adds to the value); add's final carry is its leading digit.
-  lead = [flag] if op == "+" and flag and not flaw(site) else []
-  value = int("".join(map(str, lead + out[::-1])))
-  return "".join(parts) + f"{ANSWER_MARK}{value}", value
+  cols = op_sites(op, a, b, width)
+  flipped = {i for k, i in enumerate(cols) if flaw(k)}
+  chain, value = _run(op, _digits(a, width), _digits(b, width), flipped)
+  return chain + f"{ANSWER_MARK}{value}", value
 
 
 def tagged_sites(op: str, a: int, b: int, width: int) -> int:
   """How many sites the correct chain has (the times it asks its `flaw`)."""
-  asked: list[int] = []
-  tagged_chain(op, a, b, width, lambda site: asked.append(site) or False)
-  return len(asked)
+  return len(op_sites(op, a, b, width))
 
 
 def draw_pair(rng: random.Random, width: int, held_out: bool) -> tuple[int, int]:
-  """An operand pair (a, b), a >= b, of `width` digits, with at least one carry in a + b and one
-  borrow in a - b, on the held-out side `held_out` of `is_held_out`."""
+  """An operand pair (a, b), a >= b, of `width` digits, whose chains both have a site, on the
+  held-out side `held_out` of `is_held_out`."""
   top = 10 ** width - 1
   while True:
     a, b = rng.randint(0, top), rng.randint(0, top)

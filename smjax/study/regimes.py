@@ -105,10 +105,11 @@ CELLS = (
           "base.domain_correct_fraction": "strings=0.15", "band.hard_domains": "strings"}),
     Cell("interfering_even", "interfering", "even",
          "add and sub: one surface form (a?b), opposite operations told apart by a one-letter "
-         "tag; joint GRPO must learn to condition on it from a one-bit reward",
+         "tag, the base's mistakes a column worked by the other operation; joint GRPO must "
+         "learn to condition on the tag from a one-bit reward",
          # Every add/sub example has a decision site (the base's accuracy is about the
-         # mixture's rate, not lifted by examples without one): seed 0 landed at 13-14 % with
-         # math's 0.1, below the band.
+         # mixture's rate, not lifted by examples without one): with carry and borrow sites,
+         # seed 0 landed at 13-14 % with math's 0.1, below the band; at 0.3, in it.
          {"domains": ("add", "sub"), "base.correct_fraction": 0.3, "phases": WITH_TEACHERS}),
     Cell("interfering_uneven", "interfering", "uneven",
          "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
