@@ -319,7 +319,9 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
   on_eval: `(curve point, state, progress)` after every evaluation (e.g. to keep a checkpoint,
     and the ledger's totals then, the first time the policy crosses a mark).
   collapse_advice: what the collapse check (`Collapse`, `loop.collapse_window`) names as the
-    likely cause when it stops the run with a CollapseError.
+    likely cause when it stops the run with a CollapseError. With `loop.collapse_ends` a collapse
+    ends the run instead: a warning, a save, and RunResult.collapsed ({"step", "what"}); a run
+    resumed from that save returns at once.
   Without a progress bar (`loop.progress` off, or stderr not a terminal) it prints a MetricLines
   line every `loop.log_every` steps (tokens/s: completion tokens sampled over the steps' wall
   time, rollout and update) and one per evaluation.
