@@ -107,14 +107,15 @@ CELLS = (
          "add and sub: one surface form (a?b), opposite operations told apart by a one-letter "
          "tag, the base's mistakes a column worked by the other operation; joint GRPO must "
          "learn to condition on the tag from a one-bit reward",
-         # Every add/sub example has a decision site (the base's accuracy is about the
-         # mixture's rate, not lifted by examples without one): with carry and borrow sites,
-         # seed 0 landed at 13-14 % with math's 0.1, below the band; at 0.3, in it.
-         {"domains": ("add", "sub"), "base.correct_fraction": 0.3, "phases": WITH_TEACHERS}),
+         # Every add/sub example has a decision site, so nothing lifts the base above the
+         # mixture's rate. With carry and borrow sites, seed 0 landed at 13-14 % with math's
+         # 0.1 and in the band at 0.3; with the operation's sites (about 2.7 an answer, not 1.5)
+         # at 0.3 it landed at 17-19 %, below the band, hence 0.45.
+         {"domains": ("add", "sub"), "base.correct_fraction": 0.45, "phases": WITH_TEACHERS}),
     Cell("interfering_uneven", "interfering", "uneven",
          "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
          {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48,
-          "base.correct_fraction": 0.3}),
+          "base.correct_fraction": 0.45}),
     Cell("strong_to_weak", "shared", "even",
          "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
          "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
