@@ -419,6 +419,18 @@ def test_verdict_lines_follow_the_interval():
   (line, _) = verdicts(_verdict_report(None, -.5, None, bound=-1))   # censored: at least
   assert ("had not reached the level when it stopped (≥ 100 FLOPs): it needs ≥ 50.0% more"
           in line)
+  # An arm run on some seeds only (the every-arm runs catching up with the main ones): no
+  # summary, its seeds' values, how many.
+  rep = _verdict_report(None, None, None, per_seed=(-.293, None, None, None, None))
+  rep["arms"]["external_opd"] = {"saving_at_target": rep["frontier"]["mean"]["0.9"]["saving"],
+                                 "best_accuracy": {"mean": None, "per_seed": [.964] + [None] * 4}}
+  rep["arms"]["joint_grpo"] = {"best_accuracy": {"mean": .986, "lo": .977, "hi": .995,
+                                                 "per_seed": [.98, .99, .99, .98, .99]}}
+  lines = verdicts(rep)
+  assert ("(c) to 90% of joint_grpo's gain: external-teacher OPD vs joint_grpo, on 1 of 5 seeds "
+          "so far: saving -29.3%") in lines, lines
+  assert any(v.endswith("joint_grpo 98.6% [97.7, 99.5]; external_opd 96.4% (1 of 5 seeds so far)")
+             for v in lines), lines
 
 
 def test_length_verdict_and_held_out_sets():

@@ -51,6 +51,19 @@ def _bound(x: float, fmt) -> str:
   return "-inf" if x == -math.inf else "inf" if x == math.inf else "?" if math.isnan(x) else fmt(x)
 
 
+def _finite(v: dict) -> list[float]:
+  return [x for x in (stats.number(x) for x in v.get("per_seed") or []) if math.isfinite(x)]
+
+
+def _some_seeds(v: dict) -> str:
+  """"1 of 5 seeds so far" for a figure with no mean because only some seeds have it (an arm
+  that has not run on every seed yet); "" otherwise."""
+  n, have = len(v.get("per_seed") or []), len(_finite(v))
+  if not math.isnan(stats.number(v.get("mean"))) or not 0 < have < n or v.get("bound"):
+    return ""
+  return f"{have} of {n} seeds so far"
+
+
 def _side(v: dict) -> int:
   """+1 when the interval lies above 0, -1 below, 0 when it holds 0 or is missing."""
   lo, hi = stats.number(v.get("lo")), stats.number(v.get("hi"))
@@ -84,6 +97,10 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
   reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement.
   `point`: the report has no intervals, so the point estimate's sign is stated as it is."""
   side, bound = _side(s), int(s.get("bound") or 0)
+  some = _some_seeds(s)
+  if some:   # an arm not run on every seed yet: its seeds' values, no summary
+    return (f"{what} vs {against}, on {some}: saving "
+            + ", ".join(f"{_fmt_pct(x, True)}%" for x in _finite(s)))
   if point and not bound:
     m = stats.number(s.get("mean"))
     side = 1 if m > 0 else -1 if m < 0 else 0
@@ -170,6 +187,8 @@ def verdicts(report: dict) -> list[str]:
 def _acc(v: dict) -> str:
   """An accuracy summary as "x% [lo, hi]" (the interval left out when there is none)."""
   m, lo, hi = (100 * stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
+  if some := _some_seeds(v):
+    return ", ".join(f"{100 * x:.1f}%" for x in _finite(v)) + f" ({some})"
   return f"{m:.1f}%" + ("" if math.isnan(lo) or math.isnan(hi) else f" [{lo:.1f}, {hi:.1f}]")
 
 
