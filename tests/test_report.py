@@ -423,14 +423,22 @@ def test_verdict_lines_follow_the_interval():
   # summary, its seeds' values, how many.
   rep = _verdict_report(None, None, None, per_seed=(-.293, None, None, None, None))
   rep["arms"]["external_opd"] = {"saving_at_target": rep["frontier"]["mean"]["0.9"]["saving"],
-                                 "best_accuracy": {"mean": None, "per_seed": [.964] + [None] * 4}}
+                                 "best_accuracy": {"mean": None, "per_seed": [.964] + [None] * 4},
+                                 "length_vs_reference": {"mean": None, "per_seed": [.1]},
+                                 "seeds": [0]}
   rep["arms"]["joint_grpo"] = {"best_accuracy": {"mean": .986, "lo": .977, "hi": .995,
-                                                 "per_seed": [.98, .99, .99, .98, .99]}}
+                                                 "per_seed": [.98, .99, .99, .98, .99]},
+                               "seeds": [0, 1, 2, 3, 4]}
   lines = verdicts(rep)
   assert ("(c) to 90% of joint_grpo's gain: external-teacher OPD vs joint_grpo, on 1 of 5 seeds "
           "so far: saving -29.3%") in lines, lines
   assert any(v.endswith("joint_grpo 98.6% [97.7, 99.5]; external_opd 96.4% (1 of 5 seeds so far)")
              for v in lines), lines
+  assert not any("answers are" in v for v in lines), lines
+  # On every seed: the summary as before.
+  rep["arms"]["external_opd"]["seeds"] = [0, 1, 2, 3, 4]
+  assert any("external-teacher OPD vs joint_grpo: not distinguishable" in v
+             for v in verdicts(rep)), verdicts(rep)
 
 
 def test_length_verdict_and_held_out_sets():

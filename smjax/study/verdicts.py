@@ -55,13 +55,12 @@ def _finite(v: dict) -> list[float]:
   return [x for x in (stats.number(x) for x in v.get("per_seed") or []) if math.isfinite(x)]
 
 
-def _some_seeds(v: dict) -> str:
-  """"1 of 5 seeds so far" for a figure with no mean because only some seeds have it (an arm
-  that has not run on every seed yet); "" otherwise."""
-  n, have = len(v.get("per_seed") or []), len(_finite(v))
-  if not math.isnan(stats.number(v.get("mean"))) or not 0 < have < n or v.get("bound"):
-    return ""
-  return f"{have} of {n} seeds so far"
+def _some_seeds(report: dict, arm: str) -> str:
+  """"1 of 5 seeds so far" for an arm that has not run on every seed of the report yet (the
+  every-arm runs catching up with the main comparison's); "" otherwise."""
+  ran = len((report["arms"].get(arm) or {}).get("seeds") or [])
+  n = len(report.get("seeds") or [])
+  return f"{ran} of {n} seeds so far" if 0 < ran < n else ""
 
 
 def _side(v: dict) -> int:
@@ -92,13 +91,13 @@ def point_only(report: dict) -> bool:
 
 
 def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
-                 point: bool = False) -> str:
+                 point: bool = False, some: str = "") -> str:
   """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
   reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement.
-  `point`: the report has no intervals, so the point estimate's sign is stated as it is."""
+  `point`: the report has no intervals, so the point estimate's sign is stated as it is.
+  `some`: the arm has run on some seeds only (`_some_seeds`): their values, no summary."""
   side, bound = _side(s), int(s.get("bound") or 0)
-  some = _some_seeds(s)
-  if some:   # an arm not run on every seed yet: its seeds' values, no summary
+  if some:
     return (f"{what} vs {against}, on {some}: saving "
             + ", ".join(f"{_fmt_pct(x, True)}%" for x in _finite(s)))
   if point and not bound:
@@ -146,8 +145,9 @@ def verdicts(report: dict) -> list[str]:
     ext = arms.get(arm, {})
     if "saving_at_target" in ext:
       lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
-          what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point))
-    if "length_vs_reference" in ext:
+          what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point,
+          _some_seeds(report, arm)))
+    if "length_vs_reference" in ext and not _some_seeds(report, arm):
       d = ext["length_vs_reference"]
       m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
       ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
@@ -159,7 +159,7 @@ def verdicts(report: dict) -> list[str]:
           if "best_accuracy" in arms.get(n, {})]
   if len(best) > 1:
     lines.append("(c) best checkpoint (chosen on the stop set, measured on the report set): "
-                 + "; ".join(f"{n} {_acc(v)}" for n, v in best))
+                 + "; ".join(f"{n} {_acc(v, _some_seeds(report, n))}" for n, v in best))
   rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
@@ -184,10 +184,11 @@ def verdicts(report: dict) -> list[str]:
   return lines + [f"Intervals: {tail}."]
 
 
-def _acc(v: dict) -> str:
-  """An accuracy summary as "x% [lo, hi]" (the interval left out when there is none)."""
+def _acc(v: dict, some: str = "") -> str:
+  """An accuracy summary as "x% [lo, hi]" (the interval left out when there is none); `some`:
+  the arm has run on some seeds only (`_some_seeds`): their values."""
   m, lo, hi = (100 * stats.number(v.get(k)) for k in ("mean", "lo", "hi"))
-  if some := _some_seeds(v):
+  if some:
     return ", ".join(f"{100 * x:.1f}%" for x in _finite(v)) + f" ({some})"
   return f"{m:.1f}%" + ("" if math.isnan(lo) or math.isnan(hi) else f" [{lo:.1f}, {hi:.1f}]")
 
