@@ -1,9 +1,12 @@
-"""The study's rules: the base's band check and flawed-chain mixture, the collapse check, and an SFT
-run stopped by a signal and resumed (smjax.study.run.check_band, smjax.study.phases.flaw_mixture,
-smjax.train.guards.Collapse, smjax.train.loop.run_sft)."""
+"""The study's rules: the base's band check and flawed-chain mixture, the collapse check (and a
+collapse ending a run as its outcome), and an SFT run stopped by a signal and resumed
+(smjax.study.run.check_band, smjax.study.phases.flaw_mixture, smjax.train.guards.Collapse,
+smjax.train.loop.run_rl and run_sft)."""
 
+import itertools
 import logging
 import re
+import types
 
 import jax
 import numpy as np
@@ -19,10 +22,11 @@ from smjax.study.config import study_defaults, validate
 from smjax.study.phases import flaw_mixture
 from smjax.study.run import BandError, check_band
 from smjax.study.store import PhaseOutput
+from smjax.train import loop as loop_lib
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
 from smjax.train.guards import Collapse, CollapseError
-from smjax.train.loop import run_sft
+from smjax.train.loop import RLLoopConfig, RLProgress, run_sft
 
 
 def _base(acc, pass_k):
@@ -165,9 +169,6 @@ def test_collapse_on_uniform_output_and_on_heldout_falling_to_zero():
 def _scripted_grpo(loop, *, rewards, accuracies, progress=None, saves=None):
   """run_rl with its rollout, step and evaluator scripted: step i's batch scores rewards[i] with
   a zero gradient when it is 0; evaluation k reads accuracies[k]. Returns (result, rollouts)."""
-  import itertools   # pylint: disable=import-outside-toplevel
-  import types   # pylint: disable=import-outside-toplevel
-  from smjax.train import loop as loop_lib   # pylint: disable=import-outside-toplevel
   ex = types.SimpleNamespace(domain="math", prompt="q")
   calls, accs = [], iter(accuracies)
 
@@ -195,7 +196,6 @@ def test_a_collapse_ends_the_run_as_an_outcome_when_asked_and_a_resume_returns_a
   run stops at the step that showed it, saves with the collapse recorded, and a run resumed from
   that progress returns at once; without it, the same run raises. Held-out accuracy falling to 0
   ends it at that evaluation, the point kept on the curve."""
-  from smjax.train.loop import RLLoopConfig, RLProgress   # pylint: disable=import-outside-toplevel
   dead = [0.5, 0.5] + [0.0] * 20
   loop = RLLoopConfig(steps=20, samples_per_prompt=2, eval_every_steps=10, log_every=5,
                       progress=False, collapse_window=3)
