@@ -22,7 +22,7 @@ from smjax import distributed, paths as paths_lib
 from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
-from smjax.study.verdicts import point_only
+from smjax.study.verdicts import collapse_text, point_only
 
 # The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
 # fits this many columns; report.txt, report.csv and report.json keep every figure.
@@ -457,9 +457,8 @@ def map_markdown(data: dict) -> str:
     teachers = ["", "Claim (c) across teachers (external-teacher OPD from the bigger verbose "
                 "teacher; control-teacher OPD from one of the student's size on plain chains):"
                 ] + teachers
-  fell = [f"- **{r['cell']}**: " + "; ".join(
-      f"{c['arm']} on seed {c['seed']} at step {c['step']} ({c['what']})" for c in r["collapsed"])
-      for r in data["cells"] if r.get("collapsed")]
+  fell = [f"- **{r['cell']}**: " + "; ".join(collapse_text(c["arm"], c) for c in r["collapsed"])
+          for r in data["cells"] if r.get("collapsed")]
   if fell:
     fell = ["", "Runs whose policy collapsed (each ended there, an outcome of its route: the "
             "route is charged up to it and reaches no level past it):"] + fell

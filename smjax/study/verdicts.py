@@ -82,6 +82,11 @@ def _agree(v: dict, side: int) -> str:
   return f"; {sum(x * side > 0 for x in xs)} of {len(xs)} seeds agree"
 
 
+def collapse_text(arm: str, c: dict) -> str:
+  """A collapsed run ({"seed", "step", "what"}, a report arm's "collapsed") in words."""
+  return f"{arm} on seed {c['seed']} at step {c['step']} ({c['what']})"
+
+
 def point_only(report: dict) -> bool:
   """Whether `report` has no intervals at all: one seed and no bootstrap replicates (bootstrap=0,
   or curves without per-prompt counts). Several seeds have t intervals without a bootstrap."""
@@ -164,8 +169,7 @@ def verdicts(report: dict) -> list[str]:
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
         "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point))
-  fell = [f"{name} on seed {c['seed']} at step {c['step']} ({c['what']})"
-          for name, arm in arms.items() for c in arm.get("collapsed") or []]
+  fell = [collapse_text(name, c) for name, arm in arms.items() for c in arm.get("collapsed") or []]
   if fell:   # an outcome of its route: the arm's curve ends at the collapse
     fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
   if not lines:
