@@ -173,3 +173,57 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
           "gradient has been 0 for 25 steps)") in out
   assert "Not started: sparse." in out
   assert render.update_docs(out) == out
+
+
+def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_path, capsys):
+  """`smjax report MAP --keep EARLIER/map.json`: a cell the folder has is computed afresh (the
+  earlier row for it is dropped); a cell it lacks comes from the earlier map, marked with where it
+  came from, in the table and the plot; not-started excludes both. A file that is not a map's
+  map.json, or --keep on a study's workdir, is a one-line error before anything is written."""
+  import json
+  from smjax.study import report_cli
+  root = tmp_path / "map"
+  (root / "interfering_even").mkdir(parents=True)
+  (root / "interfering_even" / "config.json").write_text(
+      json.dumps(regimes.cell_config("interfering_even", tiny=True).to_dict()))
+  s = lambda m, lo, hi, per: {"mean": m, "lo": lo, "hi": hi, "per_seed": per}  # noqa: E731
+  done = {"cell": "disjoint_even", "skill": "disjoint", "difficulty": "even", "extra": "",
+          "about": "math and strings", "seeds": [0, 1, 2], "status": "done",
+          "mean": {"saving": s(-0.5, -0.9, -0.1, [-0.4, -0.5, -0.6]), "verdict": "(a) dearer"},
+          "teachers": [], "collapsed": []}
+  stale = {"cell": "interfering_even", "skill": "interfering", "difficulty": "even",
+           "extra": "", "about": "add and sub", "seeds": [0], "status": "partial",
+           "mean": {"saving": s(0.3, 0.1, 0.5, [0.3]), "verdict": "(a) cheaper"},
+           "teachers": [], "collapsed": []}
+  earlier = tmp_path / "earlier.json"
+  earlier.write_text(json.dumps({"map": "runs/old", "cells": [stale, done],
+                                 "not_started": ["sparse"]}))
+  assert report_cli.main([str(root), "--keep", str(earlier), "--bootstrap=0"]) == 0
+  out = capsys.readouterr().out
+  m = json.load(open(root / "report" / "map.json"))
+  rows = {r["cell"]: r for r in m["cells"]}
+  assert list(rows) == ["disjoint_even", "interfering_even"]   # the grid's order
+  assert rows["disjoint_even"]["from"] == {"file": str(earlier), "map": "runs/old",
+                                           "written": None}
+  assert rows["disjoint_even"]["mean"] == done["mean"]
+  fresh = rows["interfering_even"]
+  assert fresh["status"] == "not started" and "from" not in fresh
+  assert "disjoint_even" not in m["not_started"] and "interfering_even" not in m["not_started"]
+  assert "sparse" in m["not_started"] and m["written"]
+  assert "| disjoint_even | disjoint | even | 3 | -50.0% [-90.0, -10.0] |" in out
+  assert (f"Rows kept from an earlier map (`smjax report --keep`: their cells' workdirs are not in "
+          f"{root}): disjoint_even; from {earlier} (the map of runs/old).") in out
+  # Kept again, a row keeps where it first came from.
+  again = regimes.earlier_rows(str(root / "report" / "map.json"))
+  assert again["disjoint_even"]["from"]["file"] == str(earlier)
+  assert again["interfering_even"]["from"]["file"] == str(root / "report" / "map.json")
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps({"map": "x", "cells": [{"saving": 1}]}))
+  with pytest.raises(ValueError, match=r"bad\.json: a row of 'cells' is not a map cell's row"):
+    report_cli.main([str(root), "--keep", str(bad), "--out", str(tmp_path / "o")])
+  with pytest.raises(ValueError, match=r"bad\.json: field 'cells' is missing"):
+    bad.write_text(json.dumps({"map": "x"}))
+    report_cli.main([str(root), "--keep", str(bad), "--out", str(tmp_path / "o")])
+  assert not (tmp_path / "o").exists()
+  with pytest.raises(ValueError, match="--keep: .* is a study, not a regime map's folder"):
+    report_cli.main([str(root / "interfering_even"), "--keep", str(earlier)])

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import io
 import json
 import math
@@ -321,19 +322,44 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   return row
 
 
-def map_report(workdir: str, out: str | None = None, bootstrap: int | None = None) -> dict:
-  """The map from `workdir`'s cells (every cell directory that holds a study, in CELLS' order,
-  then any other): each cell's report under `out`/<cell>/, and `out`/map.json, map.md and
-  map.png (the savings with their intervals per cell)."""
+def earlier_rows(path: str) -> dict[str, dict]:
+  """The cells' rows of an earlier map's map.json (`path`), by cell, each marked with the map it
+  came from (`from`: the file, the earlier map's folder and the date it was written; kept as it
+  was when that map had the row from another one).
+  ValueError naming the file when it is not a map's map.json."""
+  data = read_json(path, "give the map.json that `smjax report MAP` wrote", keys=("cells", "map"))
+  if not isinstance(data["cells"], list):
+    raise ValueError(f"{path}: 'cells' is a {type(data['cells']).__name__}, expected a list of "
+                     "the map's rows")
+  came = {"file": path, "map": data["map"], "written": data.get("written")}
+  rows = {}
+  for r in data["cells"]:
+    if not isinstance(r, dict) or "cell" not in r or "status" not in r:
+      raise ValueError(f"{path}: a row of 'cells' is not a map cell's row (expected 'cell' and "
+                       f"'status'); got {str(r)[:80]}")
+    rows[r["cell"]] = {**r, "from": r.get("from") or came}
+  return rows
+
+
+def map_report(workdir: str, out: str | None = None, bootstrap: int | None = None,
+               keep: str | None = None) -> dict:
+  """The map from `workdir`'s cells (every cell directory that holds a study, in CELLS' order):
+  each cell's report under `out`/<cell>/, and `out`/map.json, map.md and map.png (the savings
+  with their intervals per cell). `keep`: an earlier map's map.json whose rows stand for the cells
+  `workdir` has no directory of (a map run piece by piece on machines whose workdirs are gone);
+  each such row says where it came from, and a cell `workdir` holds is always computed afresh."""
   out = out or paths.join(workdir, "report")
   names = [c.name for c in CELLS]
+  kept = earlier_rows(keep) if keep else {}
   found = [n for n in names if paths.exists(paths.join(workdir, n, "config.json"))]
   if not found:
     raise ValueError(f"{workdir}: no cell of the regime map has started (expected directories "
                      f"named after cells: {names})")
   from smjax.study.render import map_markdown  # pylint: disable=import-outside-toplevel
-  rows = [cell_row(n, paths.join(workdir, n), paths.join(out, n), bootstrap) for n in found]
-  data = {"map": workdir, "cells": rows, "not_started": [n for n in names if n not in found]}
+  rows = [cell_row(n, paths.join(workdir, n), paths.join(out, n), bootstrap) if n in found
+          else kept[n] for n in names if n in found or n in kept]
+  data = {"map": workdir, "written": datetime.date.today().isoformat(), "cells": rows,
+          "not_started": [n for n in names if n not in found and n not in kept]}
   paths.makedirs(out)
   paths.write_atomic(paths.join(out, MAP_FILE), json.dumps(data, indent=1, default=_jsonable))
   paths.write_atomic(paths.join(out, "map.md"), map_markdown(data))

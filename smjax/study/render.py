@@ -462,6 +462,14 @@ def map_markdown(data: dict) -> str:
   if fell:
     fell = ["", "Runs whose policy collapsed (each ended there, an outcome of its route: the "
             "route is charged up to it and reaches no level past it):"] + fell
+  kept = [r for r in data["cells"] if r.get("from")]
+  if kept:
+    where = sorted({f"{r['from']['file']} (the map of {r['from']['map']}"
+                    + (f", written {r['from']['written']})" if r["from"].get("written") else ")")
+                    for r in kept})
+    fell += ["", f"Rows kept from an earlier map (`smjax report --keep`: their cells' workdirs are "
+             f"not in {data['map']}): {', '.join(r['cell'] for r in kept)}; from "
+             f"{'; '.join(where)}."]
   missing = data.get("not_started") or []
   tail = [f"\nNot started: {', '.join(missing)}."] if missing else []
   return "\n".join(lines + ([""] + verdicts if verdicts else []) + teachers + fell + tail) + "\n"

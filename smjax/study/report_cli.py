@@ -7,6 +7,7 @@ without running or compiling anything.
   smjax report runs/demo --bootstrap=0    # point estimates only (fast)
   smjax report runs/two_full --seeds=0,1  # only these seeds (a study whose others are running)
   smjax report runs/regimes               # a regime map's folder: the map (smjax.study.regimes)
+  smjax report runs/regimes --keep docs/regimes/map.json   # + an earlier map's other cells
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--seeds", default=None,
                  help="comma-separated seeds to report (default: every seed that has finished "
                  "a phase); a partial study's finished seeds, so that its intervals are over them")
+  p.add_argument("--keep", default=None, metavar="MAP_JSON",
+                 help="a regime map only: an earlier map's map.json whose rows stand for the "
+                 "cells WORKDIR has no directory of (each marked with the map it came from)")
   a = p.parse_args(argv)
   # pylint: disable=import-outside-toplevel
   from smjax.study.render import TERMINAL_WIDTH, format_table
@@ -41,10 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.seeds is not None:
       raise ValueError(f"--seeds: {a.workdir} is a regime map; each cell reports the seeds that "
                        "have finished its comparison")
-    data = regimes.map_report(a.workdir, a.out, a.bootstrap)
+    data = regimes.map_report(a.workdir, a.out, a.bootstrap, keep=a.keep)
     print(paths.read_text(data["paths"]["markdown"]), end="")
     print(f"map:  {data['paths']['json']}\nplot: {data['paths']['plot']}")
     return 0
+  if a.keep is not None:
+    raise ValueError(f"--keep: {a.workdir} is a study, not a regime map's folder; --keep takes "
+                     "an earlier map's rows for the cells a map's folder lacks")
   cfg_path = paths.join(a.workdir, "config.json")
   if not paths.exists(cfg_path):
     raise FileNotFoundError(f"{a.workdir}: not a study workdir (no config.json); give the "
