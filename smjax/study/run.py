@@ -107,6 +107,14 @@ def _train_flops(out: PhaseOutput) -> dict[str, float]:
   return ph.train_flops(out.ledger)
 
 
+def _arm(name: str, seed: int, out: PhaseOutput, flops: dict[str, float] | None = None,
+         **kw) -> ArmResult:
+  """The arm of a training phase's output: its curve, its FLOPs by phase (`flops`, else the
+  phase's own training FLOPs) and its collapse, if the run ended at one."""
+  return ArmResult(name, seed, out.curve, _train_flops(out) if flops is None else flops,
+                   collapsed=out.extra.get("collapsed"), **kw)
+
+
 def _expert_sets(config, experts: dict[str, PhaseOutput]) -> list[tuple[str, dict]]:
   """The experts' checkpoint sets MOPD runs from, as (arm name, {domain: {"at": the bar the expert
   was stopped at, or "final", "step", "flops", "flops_by_phase"}}): `split_merge` from the
@@ -186,8 +194,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
                domains=domains, steps=config.joint.steps, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
-    arms.append(ArmResult("joint_grpo", seed, joint.curve, train(joint),
-                          collapsed=joint.extra.get("collapsed")))
+    arms.append(_arm("joint_grpo", seed, joint))
   # The base the experts grow from: the student's, or the bigger model SFT'd as the base is,
   # after joint GRPO has fixed the seed's evaluation grid with the student's step.
   grown_base, preset = base, grown.model_cfg.name
@@ -200,10 +207,9 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
       strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
                   init_params=grown_base.params, domains=domains, steps=config.joint.steps,
                   stream_seed=10, eval_refine=int(config.joint.eval_refine))
-      arms.append(ArmResult(ph.JOINT_STRONG.name, seed, strong.curve, train(strong),
-                            collapsed=strong.extra.get("collapsed"),
-                            note=f"joint GRPO on {preset} from base_strong (beside the "
-                            "reference, not a route of the frontier)"))
+      arms.append(_arm(ph.JOINT_STRONG.name, seed, strong,
+                       note=f"joint GRPO on {preset} from base_strong (beside the "
+                       "reference, not a route of the frontier)"))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
   # parameters at its first crossings of bars of joint GRPO's final gain on its domain (read on
   # the stop set) and stops past the last bar; MOPD runs from every set of those checkpoints.
@@ -233,12 +239,11 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         lambda x: expert(*x), list(enumerate(domains)), workers if joint is not None else 1)))
     for d in domains:
       name = ph.EXPERT.dir(domains_lib.domain_label(d))
-      arms.append(ArmResult(name, seed, experts[d].curve, train(experts[d]),
-                            note=f"GRPO on {d} only, {per_step} prompts per step" + (
-                                "" if grown is shared else f", {preset} from base_strong"),
-                            reached=experts[d].extra.get("reached") if bars[d] else None,
-                            collapsed=experts[d].extra.get("collapsed"),
-                            experts_at=experts[d].extra.get("snapshots") or {}))
+      arms.append(_arm(name, seed, experts[d],
+                       note=f"GRPO on {d} only, {per_step} prompts per step" + (
+                           "" if grown is shared else f", {preset} from base_strong"),
+                       reached=experts[d].extra.get("reached") if bars[d] else None,
+                       experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
       template = grown.abstract_params()
@@ -270,11 +275,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         for part in [m["flops_by_phase"] for m in members.values()] + [train(mopd)]:
           for p, v in part.items():
             by_phase[p] = by_phase.get(p, 0.0) + v
-        arms.append(ArmResult(
-            arm, seed, mopd.curve, by_phase, expert_flops=expert_flops,
+        arms.append(_arm(
+            arm, seed, mopd, by_phase, expert_flops=expert_flops,
             distill_flops=sum(train(mopd).values()), teachers=names,
             capture_fraction=o.capture_fraction, reached=mopd.extra.get("reached"),
-            collapsed=mopd.extra.get("collapsed"),
             experts_at={d: {k: m[k] for k in ("at", "step", "flops")} for d, m in members.items()},
             note="MOPD from the experts " + (
                 "" if grown is shared else f"({preset}) ") + "stopped at " + ", ".join(
@@ -311,12 +315,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                    rules.capture_rule(_stop_final(base), _stop_final(teacher), o.capture_fraction),
                    None if ref is None else rules.target_rule(
                        _stop_final(base), ref, float(config.report.target_fraction))))
-      arms.append(ArmResult(spec.name, seed, ext.curve, train(ext),
-                            distill_flops=sum(train(ext).values()),
-                            teachers={d: f"{who}_teacher" for d in domains},
-                            capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
-                            collapsed=ext.extra.get("collapsed"),
-                            note=f"OPD from the {who} teacher, up to {cap} new tokens"))
+      arms.append(_arm(spec.name, seed, ext, distill_flops=sum(train(ext).values()),
+                       teachers={d: f"{who}_teacher" for d in domains},
+                       capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
+                       note=f"OPD from the {who} teacher, up to {cap} new tokens"))
   if "self_teacher" in phases:
     for arm in _self_teacher(shared, workdir, joint, external):
       arms.append(arm)
@@ -423,8 +425,7 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
   check_degradation(shared.config, shared.seed, joint, degraded)
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
-  arms = [ArmResult("degrade", shared.seed, degraded.curve, _train_flops(degraded),
-                    group="recovery", note=how, collapsed=degraded.extra.get("collapsed"))]
+  arms = [_arm("degrade", shared.seed, degraded, group="recovery", note=how)]
   opd, grpo = ph.opd(shared), ph.grpo(shared)
   # Each route's teacher is made as its phase starts (the external one reads its preset then).
   routes = (
@@ -439,11 +440,10 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
     out = ph.rl_phase(shared, workdir, spec, spec.name, algo=algo, init_params=degraded.params,
                       domains=[rec_d], steps=st.recover_steps, stream_seed=60 + i, router=router,
                       heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
-    arms.append(ArmResult(spec.name, shared.seed, out.curve, _train_flops(out), group="recovery",
-                          target=target, teachers={rec_d: "joint_grpo"}, start="degrade",
-                          capture_fraction=st.recover_target_fraction,
-                          collapsed=out.extra.get("collapsed"),
-                          distill_flops=sum(_train_flops(out).values()) if algo is opd else 0.0))
+    arms.append(_arm(spec.name, shared.seed, out, group="recovery", target=target,
+                     teachers={rec_d: "joint_grpo"}, start="degrade",
+                     capture_fraction=st.recover_target_fraction,
+                     distill_flops=sum(_train_flops(out).values()) if algo is opd else 0.0))
   return arms
 
 
