@@ -199,6 +199,76 @@ def test_report_command_rerenders_without_running(study, tmp_path, capsys):
           "the ones that have") in capsys.readouterr().err
 
 
+def test_a_record_renders_as_its_study_and_gathers_seeds_across_runs(study, tmp_path, capsys):
+  """`smjax report WORKDIR --record DIR`: DIR holds the config, each seed's arms and joint GRPO's
+  zero-advantage rows only, and renders the study's report (same arms, same point estimates); a
+  second study's seed is added to it (the config naming both); refused, before anything is
+  written: a directory that is not a record, a record of another study, a seed recorded again
+  with fewer arms. A map's record is a map (its cells' records)."""
+  from smjax.study import records, regimes, report_cli  # pylint: disable=import-outside-toplevel
+  wd, _ = study
+  rec = tmp_path / "rec"
+  assert report_cli.main([str(wd), f"--out={tmp_path / 'r0'}", "--bootstrap=0",
+                          f"--record={rec}"]) == 0
+  assert f"record: {rec} (seeds 0)" in capsys.readouterr().err
+  files = sorted(str(p.relative_to(rec)) for p in rec.rglob("*") if p.is_file())
+  assert files == ["config.json", "record.json", "seed_0/arms.json",
+                   "seed_0/joint_grpo/logs/metrics.jsonl"]
+  size = sum(p.stat().st_size for p in rec.rglob("*") if p.is_file())
+  assert size < sum(p.stat().st_size for p in wd.rglob("*") if p.is_file()) / 20
+  rows = [json.loads(x) for x in (rec / "seed_0/joint_grpo/logs/metrics.jsonl").open()]
+  assert rows and all(set(r) - {"step"} and all(k == "step" or "zero_variance" in k for k in r)
+                      for r in rows)
+  assert regimes._zero_variance(str(rec), [0], ["math", "code"]) == regimes._zero_variance(
+      str(wd), [0], ["math", "code"])
+  assert report_cli.main([str(rec), f"--out={tmp_path / 'r1'}", "--bootstrap=0"]) == 0
+  old = json.load(open(tmp_path / "r0" / "report.json"))
+  new = json.load(open(tmp_path / "r1" / "report.json"))
+  assert new["verdicts"] == old["verdicts"] and new["frontier"] == old["frontier"]
+  # A second run's seed (here seed 0's arms as seed 1) joins the record.
+  other = tmp_path / "other"
+  (other / "seed_1").mkdir(parents=True)
+  config = json.load(open(wd / "config.json"))
+  (other / "config.json").write_text(json.dumps({**config, "seeds": [1]}))
+  arms = json.load(open(wd / "seed_0" / "arms.json"))
+  (other / "seed_1" / "arms.json").write_text(json.dumps(
+      {"arms": [dict(a, seed=1) for a in arms["arms"]]}))
+  assert records.save(str(other), str(rec)) == {str(rec): [0, 1]}
+  assert json.load(open(rec / "config.json"))["seeds"] == [0, 1]
+  assert json.load(open(rec / "record.json"))["added"] == [1]
+  assert report_cli.main([str(rec), f"--out={tmp_path / 'r2'}", "--bootstrap=0"]) == 0
+  assert json.load(open(tmp_path / "r2" / "report.json"))["seeds"] == [0, 1]
+  # Refusals, each before anything is written.
+  before = {p: p.read_bytes() for p in rec.rglob("*") if p.is_file()}
+  (other / "seed_1" / "arms.json").write_text(json.dumps(
+      {"arms": [dict(a, seed=1) for a in arms["arms"] if a["arm"] != "joint_grpo"]}))
+  with pytest.raises(ValueError, match=r"seed_1/arms.json: the record's seed_1 has arms "
+                     r"\['joint_grpo'\] that .* has not finished"):
+    records.save(str(other), str(rec))
+  (other / "config.json").write_text(json.dumps({**config, "seeds": [1], "domains": ["math"]}))
+  with pytest.raises(ValueError, match=r"rec/config.json: the record is of another study; "
+                     r"differing fields .*domains"):
+    records.save(str(other), str(rec))
+  assert {p: p.read_bytes() for p in rec.rglob("*") if p.is_file()} == before
+  with pytest.raises(ValueError, match=r"other: not empty and not a record"):
+    records.save(str(wd), str(other))
+  (tmp_path / "fresh").mkdir()
+  shutil.copy(wd / "config.json", tmp_path / "fresh")
+  with pytest.raises(ValueError, match="fresh: no seed has finished a phase yet"):
+    records.save(str(tmp_path / "fresh"), str(tmp_path / "r3"))
+  assert not (tmp_path / "r3").exists()
+  # A map's record: one record per cell, itself a map.
+  root = tmp_path / "map"
+  shutil.copytree(wd, root / "shared_even", ignore=shutil.ignore_patterns("report"))
+  assert records.save(str(root), str(tmp_path / "maprec")) == {
+      str(tmp_path / "maprec" / "shared_even"): [0]}
+  assert regimes.is_map(str(tmp_path / "maprec"))
+  assert json.load(open(tmp_path / "maprec" / "record.json"))["cells"] == ["shared_even"]
+  a = regimes.map_report(str(root), str(tmp_path / "m0"), bootstrap=0)
+  b = regimes.map_report(str(tmp_path / "maprec"), str(tmp_path / "m1"), bootstrap=0)
+  assert [dict(r, about=0) for r in a["cells"]] == [dict(r, about=0) for r in b["cells"]]
+
+
 def test_flop_totals_add_up_across_phases(study):
   wd, _ = study
   rep = json.load(open(os.path.join(wd, "report", "report.json")))

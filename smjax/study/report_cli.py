@@ -8,6 +8,7 @@ without running or compiling anything.
   smjax report runs/two_full --seeds=0,1  # only these seeds (a study whose others are running)
   smjax report runs/regimes               # a regime map's folder: the map (smjax.study.regimes)
   smjax report runs/regimes --keep docs/regimes/map.json   # + an earlier map's other cells
+  smjax report runs/two_full --record docs/records/two_full   # + a record it renders again from
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--keep", default=None, metavar="MAP_JSON",
                  help="a regime map only: an earlier map's map.json whose rows stand for the "
                  "cells WORKDIR has no directory of (each marked with the map it came from)")
+  p.add_argument("--record", default=None, metavar="DIR",
+                 help="also record the study (a map: each cell) into DIR: its config and each "
+                 "seed's arms, what this command renders from, without checkpoints; a second "
+                 "recording adds its seeds (smjax.study.records)")
   a = p.parse_args(argv)
   # pylint: disable=import-outside-toplevel
   from smjax.study.render import TERMINAL_WIDTH, format_table
@@ -40,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
   out = a.out or paths.join(a.workdir, "report")
   for where in (a.workdir, out):
     paths.check_workdir(where, checkpoints=False)
-  from smjax.study import regimes
+  from smjax.study import records, regimes
+  if a.record is not None:
+    paths.check_workdir(a.record, checkpoints=False)
+    for where, seeds in records.save(a.workdir, a.record).items():
+      print(f"record: {where} (seeds {', '.join(map(str, seeds))})", file=sys.stderr)
   if regimes.is_map(a.workdir):   # a regime map's folder: its cells' studies, one line each
     if a.seeds is not None:
       raise ValueError(f"--seeds: {a.workdir} is a regime map; each cell reports the seeds that "
