@@ -114,9 +114,15 @@ CELLS = (
          # at 0.3 it landed at 17-19 %, below the band, hence 0.45.
          {"domains": ("add", "sub"), "base.correct_fraction": 0.45, "phases": WITH_TEACHERS}),
     Cell("interfering_uneven", "interfering", "uneven",
-         "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens)",
+         "add and sub with sub at its wider level (4 digits: its chains up to 45 tokens) and "
+         "in the hard band: a slow domain beside a fast one, told apart by the tag alone",
+         # As the other uneven cells: the hard domain in the hard band, the easy one in the
+         # usual band. With both at 0.45 (the even cell's rate) seed 2 landed below the usual
+         # band (add 24.3 %, sub 17.5 %; seeds 0-1 in it, sub 35.7-45.8 %): sub's spread over
+         # seeds is wider than the usual band; 0.12 puts it in the hard band.
          {"domains": ("add", "sub"), "domain_difficulty": "sub=2", "rl.max_new_tokens": 48,
-          "base.correct_fraction": 0.45}),
+          "base.correct_fraction": 0.45, "base.domain_correct_fraction": "sub=0.12",
+          "band.hard_domains": "sub"}),
     Cell("strong_to_weak", "shared", "even",
          "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
          "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
