@@ -212,8 +212,10 @@ def test_a_record_renders_as_its_study_and_gathers_seeds_across_runs(study, tmp_
                           f"--record={rec}"]) == 0
   assert f"record: {rec} (seeds 0)" in capsys.readouterr().err
   files = sorted(str(p.relative_to(rec)) for p in rec.rglob("*") if p.is_file())
-  assert files == ["config.json", "record.json", "seed_0/arms.json",
+  assert files == ["config.json", "record.json", "seed_0/arms.json.gz",
                    "seed_0/joint_grpo/logs/metrics.jsonl"]
+  assert records.read_arms(str(rec / "seed_0")) == json.load(open(wd / "seed_0" / "arms.json"))[
+      "arms"]
   size = sum(p.stat().st_size for p in rec.rglob("*") if p.is_file())
   assert size < sum(p.stat().st_size for p in wd.rglob("*") if p.is_file()) / 20
   rows = [json.loads(x) for x in (rec / "seed_0/joint_grpo/logs/metrics.jsonl").open()]
@@ -242,7 +244,7 @@ def test_a_record_renders_as_its_study_and_gathers_seeds_across_runs(study, tmp_
   before = {p: p.read_bytes() for p in rec.rglob("*") if p.is_file()}
   (other / "seed_1" / "arms.json").write_text(json.dumps(
       {"arms": [dict(a, seed=1) for a in arms["arms"] if a["arm"] != "joint_grpo"]}))
-  with pytest.raises(ValueError, match=r"seed_1/arms.json: the record's seed_1 has arms "
+  with pytest.raises(ValueError, match=r"seed_1/arms.json.gz: the record's seed_1 has arms "
                      r"\['joint_grpo'\] that .* has not finished"):
     records.save(str(other), str(rec))
   (other / "config.json").write_text(json.dumps({**config, "seeds": [1], "domains": ["math"]}))

@@ -227,3 +227,26 @@ def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_pat
   assert not (tmp_path / "o").exists()
   with pytest.raises(ValueError, match="--keep: .* is a study, not a regime map's folder"):
     report_cli.main([str(root / "interfering_even"), "--keep", str(earlier)])
+
+
+def test_a_records_arms_are_read_gzipped_and_a_bad_file_is_named(tmp_path):
+  """A record keeps a seed's arms as arms.json.gz (smjax.study.records); a study's arms.json is
+  read first; a file that is not gzipped JSON, or JSON without "arms", is a one-line error naming
+  it."""
+  import gzip
+  import json
+  from smjax.study import records
+  seed = tmp_path / "seed_0"
+  seed.mkdir()
+  assert records.read_arms(str(seed)) is None
+  (seed / "arms.json.gz").write_bytes(gzip.compress(json.dumps({"arms": [{"arm": "x"}]}).encode()))
+  assert records.read_arms(str(seed)) == [{"arm": "x"}]
+  (seed / "arms.json").write_text(json.dumps({"arms": [{"arm": "y"}]}))
+  assert records.read_arms(str(seed)) == [{"arm": "y"}]
+  (seed / "arms.json").unlink()
+  (seed / "arms.json.gz").write_bytes(b"not gzip")
+  with pytest.raises(ValueError, match=r"seed_0/arms.json.gz: not gzipped UTF-8 JSON"):
+    records.read_arms(str(seed))
+  (seed / "arms.json.gz").write_bytes(gzip.compress(b'{"curves": []}'))
+  with pytest.raises(ValueError, match=r"seed_0/arms.json.gz: field 'arms' is missing"):
+    records.read_arms(str(seed))

@@ -6,10 +6,12 @@
 
 A study's phases, checkpoints and logs are gigabytes and live in its workdir; its report is
 computed from far less: the study's config.json and each seed's arms.json (every finished arm's
-curve, FLOPs and stops), plus, for a regime map's cell, joint GRPO's per-domain share of
-zero-advantage groups from its metrics.jsonl. A record is those files, in the workdir's own
-layout (the metrics rows cut to the step and those shares), so that a record is a workdir
-`smjax report` renders like any other, and a map's record is a map.
+curve, FLOPs and stops, with each evaluation's per-prompt results for the intervals), plus, for a
+regime map's cell, joint GRPO's per-domain share of zero-advantage groups from its
+metrics.jsonl. A record is those files, in the workdir's own layout (arms.json gzipped, as
+arms.json.gz: a few MB of JSON a seed becomes a few hundred kB; the metrics rows cut to the step
+and those shares), so that a record is a workdir `smjax report` renders like any other, and a
+map's record is a map.
 
 A study too long for one session, on machines that do not keep each other's workdirs, is run
 seed by seed and recorded into one record: a second recording adds its seeds to the record's
@@ -22,22 +24,58 @@ without it is not a record (an interrupted recording is redone by recording agai
 from __future__ import annotations
 
 import datetime
+import gzip
 import json
 
 from smjax import paths
-from smjax.checkpoint_meta import config_diff, read_json
+from smjax.checkpoint_meta import config_diff, read_json, require_keys
 
 RECORD_FILE = "record.json"
-ARMS_FILE = "arms.json"
+ARMS_FILE = "arms.json"   # smjax.study.run.ARMS_FILE; a record holds it gzipped (ARMS_GZ)
+ARMS_GZ = ARMS_FILE + ".gz"
 # Joint GRPO's metrics rows, cut to what the map reads (smjax.study.regimes._zero_variance).
 METRICS = ("joint_grpo", "logs", "metrics.jsonl")
 _KEEP_PREFIXES = ("zero_variance_groups/", "reward/zero_variance_groups")
 
 
+def arms_text(seed_dir: str) -> str | None:
+  """The JSON text of a seed directory's arms: its arms.json (a study's), else its arms.json.gz
+  (a record's: a seed's arms hold every evaluation's per-prompt results, megabytes of JSON that
+  gzip takes to a fifteenth); None when it has neither."""
+  path = paths.join(seed_dir, ARMS_FILE)
+  if paths.exists(path):
+    return paths.read_text(path)
+  if paths.exists(paths.join(seed_dir, ARMS_GZ)):
+    try:
+      return gzip.decompress(paths.read_bytes(paths.join(seed_dir, ARMS_GZ))).decode("utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+      raise ValueError(f"{paths.join(seed_dir, ARMS_GZ)}: not gzipped UTF-8 JSON ({e}); record "
+                       "the study again") from None
+  return None
+
+
+def read_arms(seed_dir: str) -> list[dict] | None:
+  """The arms a seed directory holds (arms.json or a record's arms.json.gz), None when neither
+  is there; a ValueError naming the file when it is not a JSON object with "arms"."""
+  text = arms_text(seed_dir)
+  if text is None:
+    return None
+  where = paths.join(seed_dir, ARMS_FILE if paths.exists(paths.join(seed_dir, ARMS_FILE))
+                     else ARMS_GZ)
+  try:
+    obj = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno}); "
+                     "delete it and rerun the study command, which rewrites it") from None
+  return require_keys(obj, ("arms",), where, "delete it and rerun the study command, which "
+                      "rewrites it from the finished phases")["arms"]
+
+
 def _seeds(workdir: str) -> list[str]:
-  """The seed directories of `workdir` holding an arms.json, in seed order."""
-  names = [n for n in paths.listdir(workdir)
-           if n.startswith("seed_") and paths.exists(paths.join(workdir, n, ARMS_FILE))]
+  """The seed directories of `workdir` holding arms (arms.json, or a record's .gz), in order."""
+  names = [n for n in paths.listdir(workdir) if n.startswith("seed_") and (
+      paths.exists(paths.join(workdir, n, ARMS_FILE))
+      or paths.exists(paths.join(workdir, n, ARMS_GZ)))]
   return sorted(names, key=lambda n: (len(n), n))
 
 
@@ -78,7 +116,7 @@ def _check_dest(dest: str) -> dict | None:
   return read_json(paths.join(dest, RECORD_FILE), "delete the record and record it again")
 
 
-def _plan_study(workdir: str, dest: str) -> tuple[dict, list[tuple[str, str]]]:
+def _plan_study(workdir: str, dest: str) -> tuple[dict, list[tuple[str, str | bytes]]]:
   """(the record's config, [(file to write, its text)]) for the study at `workdir`; every
   refusal raised before anything is written."""
   config = read_json(paths.join(workdir, "config.json"),
@@ -95,17 +133,19 @@ def _plan_study(workdir: str, dest: str) -> tuple[dict, list[tuple[str, str]]]:
   merged = _merged_config(old, config, dest, numbers)
   files = []
   for s in seeds:
-    text = paths.read_text(paths.join(workdir, s, ARMS_FILE))
-    recorded = paths.join(dest, s, ARMS_FILE)
-    if earlier is not None and paths.exists(recorded):
+    arms = read_arms(paths.join(workdir, s))
+    recorded = paths.join(dest, s, ARMS_GZ)
+    if earlier is not None:
       # A seed recorded again is replaced, never by one that has finished fewer of its arms.
-      arms = lambda t: {a["arm"] for a in json.loads(t)["arms"]}  # noqa: E731
-      lost = sorted(arms(paths.read_text(recorded)) - arms(text))
+      held = read_arms(paths.join(dest, s)) or []
+      lost = sorted({a["arm"] for a in held} - {a["arm"] for a in arms})
       if lost:
         raise ValueError(f"{recorded}: the record's {s} has arms {lost} that {workdir}'s has not "
                          "finished; recording it would lose them (record another seed, or into "
                          "a new directory)")
-    files.append((recorded, text))
+    # mtime 0: the same arms give the same bytes (a record committed again does not change).
+    files.append((recorded, gzip.compress(json.dumps({"arms": arms}).encode("utf-8"),
+                                          mtime=0)))
     metrics = paths.join(workdir, s, *METRICS)
     if paths.exists(metrics):
       files.append((paths.join(dest, s, *METRICS), _cut_metrics(paths.read_text(metrics))))

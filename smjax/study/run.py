@@ -50,7 +50,7 @@ from smjax.study import store
 from smjax.study.config import (domain_keys, external_max_new_tokens, hard_domains, study_defaults,
                                 upgrade_old_config, validate)
 from smjax.study.render import format_table, write_report
-from smjax.study import rules
+from smjax.study import records, rules
 from smjax.study.report import ArmResult, build_report
 from smjax.study.shared import SeedShared, experts_shared, seed_shared
 from smjax.study.store import PhaseOutput
@@ -350,14 +350,12 @@ ARMS_FILE = "arms.json"
 
 
 def load_arms(workdir: str) -> list[ArmResult]:
-  """Every arm the seeds under a study workdir have finished so far (their arms.json)."""
+  """Every arm the seeds under a study workdir (or a record of one: smjax.study.records) have
+  finished so far (their arms.json, a record's arms.json.gz)."""
   arms = []
   for name in paths.listdir(workdir):
-    path = paths.join(workdir, name, ARMS_FILE)
-    if name.startswith("seed_") and paths.exists(path):
-      arms.extend(ArmResult(**a) for a in read_json(
-          path, "delete it and rerun the study command, which rewrites it from the finished "
-          "phases", keys=("arms",))["arms"])
+    held = records.read_arms(paths.join(workdir, name)) if name.startswith("seed_") else None
+    arms.extend(ArmResult(**a) for a in held or [])
   return arms
 
 
