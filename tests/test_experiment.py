@@ -262,7 +262,7 @@ def test_a_record_renders_as_its_study_and_gathers_seeds_across_runs(study, tmp_
   # A map's record: one record per cell, itself a map.
   root = tmp_path / "map"
   shutil.copytree(wd, root / "shared_even", ignore=shutil.ignore_patterns("report"))
-  assert records.save(str(root), str(tmp_path / "maprec")) == {
+  assert records.save(str(root), str(tmp_path / "maprec"), [c.name for c in regimes.CELLS]) == {
       str(tmp_path / "maprec" / "shared_even"): [0]}
   assert regimes.is_map(str(tmp_path / "maprec"))
   assert json.load(open(tmp_path / "maprec" / "record.json"))["cells"] == ["shared_even"]

@@ -156,16 +156,16 @@ def _plan_study(workdir: str, dest: str) -> tuple[dict, list[tuple[str, str | by
   return merged, files
 
 
-def save(workdir: str, dest: str) -> dict:
-  """Records the study (or the regime map, one record per cell) at `workdir` into `dest`;
-  returns {record directory: the seeds it now holds}. Every refusal (nothing finished, `dest`
-  not a record, a record of another study) comes before anything is written."""
-  # pylint: disable-next=import-outside-toplevel
-  from smjax.study import regimes
-  if regimes.is_map(workdir):
-    cells = [c.name for c in regimes.CELLS
-             if paths.exists(paths.join(workdir, c.name, "config.json"))
-             and _seeds(paths.join(workdir, c.name))]
+def save(workdir: str, dest: str, cells: list[str] | None = None) -> dict:
+  """Records the study at `workdir` into `dest` or, given the map's `cells` (their names, in
+  the map's order: smjax.study.regimes.CELLS, which the caller knows is a map), the map, one
+  record per cell that has finished a phase; returns {record directory: the seeds it now
+  holds}. Every refusal (nothing finished, `dest` not a record, a record of another study)
+  comes before anything is written."""
+  if cells is not None:
+    names = cells
+    cells = [c for c in names if paths.exists(paths.join(workdir, c, "config.json"))
+             and _seeds(paths.join(workdir, c))]
     if not cells:
       raise ValueError(f"{workdir}: no cell of the map has finished a phase yet; nothing to "
                        "record")
@@ -177,7 +177,7 @@ def save(workdir: str, dest: str) -> dict:
              for c in cells]
     earlier = (read_json(paths.join(dest, RECORD_FILE), "delete the record and record it again")
                if paths.exists(paths.join(dest, RECORD_FILE)) else {})
-    held = [c.name for c in regimes.CELLS if c.name in cells or c.name in earlier.get("cells", [])]
+    held = [c for c in names if c in cells or c in earlier.get("cells", [])]
     plans.append((dest, None, [(paths.join(dest, RECORD_FILE), json.dumps(
         {"map": workdir, "written": datetime.date.today().isoformat(), "cells": held,
          "added": cells}, indent=1))]))

@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
   from smjax.study import records, regimes
   if a.record is not None:
     paths.check_workdir(a.record, checkpoints=False)
-    for where, seeds in records.save(a.workdir, a.record).items():
+    cells = [c.name for c in regimes.CELLS] if regimes.is_map(a.workdir) else None
+    for where, seeds in records.save(a.workdir, a.record, cells).items():
       print(f"record: {where} (seeds {', '.join(map(str, seeds))})", file=sys.stderr)
   if regimes.is_map(a.workdir):   # a regime map's folder: its cells' studies, one line each
     if a.seeds is not None:
