@@ -226,7 +226,11 @@ def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_pat
     report_cli.main([str(root), "--keep", str(bad), "--out", str(tmp_path / "o")])
   assert not (tmp_path / "o").exists()
   with pytest.raises(ValueError, match="--keep: .* is a study, not a regime map's folder"):
-    report_cli.main([str(root / "interfering_even"), "--keep", str(earlier)])
+    report_cli.main([str(root / "interfering_even"), "--keep", str(earlier),
+                     "--record", str(tmp_path / "rec")])
+  with pytest.raises(ValueError, match=r"bad\.json: field 'cells' is missing"):
+    report_cli.main([str(root), "--keep", str(bad), "--record", str(tmp_path / "rec")])
+  assert not (tmp_path / "rec").exists()   # refused before the record is written
 
 
 def test_a_records_arms_are_read_gzipped_and_a_bad_file_is_named(tmp_path):

@@ -46,22 +46,26 @@ def main(argv: list[str] | None = None) -> int:
   for where in (a.workdir, out):
     paths.check_workdir(where, checkpoints=False)
   from smjax.study import records, regimes
+  is_map = regimes.is_map(a.workdir)
+  # Every refusal of the arguments before the record is written.
+  if is_map and a.seeds is not None:
+    raise ValueError(f"--seeds: {a.workdir} is a regime map; each cell reports the seeds that "
+                     "have finished its comparison")
+  if not is_map and a.keep is not None:
+    raise ValueError(f"--keep: {a.workdir} is a study, not a regime map's folder; --keep takes "
+                     "an earlier map's rows for the cells a map's folder lacks")
+  if a.keep is not None:
+    regimes.earlier_rows(a.keep)
   if a.record is not None:
     paths.check_workdir(a.record, checkpoints=False)
-    cells = [c.name for c in regimes.CELLS] if regimes.is_map(a.workdir) else None
+    cells = [c.name for c in regimes.CELLS] if is_map else None
     for where, seeds in records.save(a.workdir, a.record, cells).items():
       print(f"record: {where} (seeds {', '.join(map(str, seeds))})", file=sys.stderr)
-  if regimes.is_map(a.workdir):   # a regime map's folder: its cells' studies, one line each
-    if a.seeds is not None:
-      raise ValueError(f"--seeds: {a.workdir} is a regime map; each cell reports the seeds that "
-                       "have finished its comparison")
+  if is_map:   # a regime map's folder: its cells' studies, one line each
     data = regimes.map_report(a.workdir, a.out, a.bootstrap, keep=a.keep)
     print(paths.read_text(data["paths"]["markdown"]), end="")
     print(f"map:  {data['paths']['json']}\nplot: {data['paths']['plot']}")
     return 0
-  if a.keep is not None:
-    raise ValueError(f"--keep: {a.workdir} is a study, not a regime map's folder; --keep takes "
-                     "an earlier map's rows for the cells a map's folder lacks")
   cfg_path = paths.join(a.workdir, "config.json")
   if not paths.exists(cfg_path):
     raise FileNotFoundError(f"{a.workdir}: not a study workdir (no config.json); give the "
