@@ -40,6 +40,7 @@ import ml_collections as mlc
 
 from smjax import paths
 from smjax.checkpoint_meta import read_json
+from smjax.study.records import ARMS_FILE   # not run's: run pulls in every phase
 
 # Files a Hugging Face model directory may keep its tokenizer, chat template and generation
 # defaults in; those of a study's source model that exist are copied into its export.
@@ -47,7 +48,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
                    "chat_template.jinja", "chat_template.json", "generation_config.json")
 EXPORT_FILE = "smjax_export.json"
-ARMS_FILE = "arms.json"   # smjax.study.run.ARMS_FILE (not imported: it pulls in every phase)
 # Token-id fields of a source config.json that `generate` reads, kept in the export's.
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The arms a study can have (smjax.study.run names them), as patterns.

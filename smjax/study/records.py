@@ -38,37 +38,22 @@ METRICS = ("joint_grpo", "logs", "metrics.jsonl")
 _KEEP_PREFIXES = ("zero_variance_groups/", "reward/zero_variance_groups")
 
 
-def arms_text(seed_dir: str) -> str | None:
-  """The JSON text of a seed directory's arms: its arms.json (a study's), else its arms.json.gz
-  (a record's: a seed's arms hold every evaluation's per-prompt results, megabytes of JSON that
-  gzip takes to a fifteenth); None when it has neither."""
-  path = paths.join(seed_dir, ARMS_FILE)
-  if paths.exists(path):
-    return paths.read_text(path)
-  if paths.exists(paths.join(seed_dir, ARMS_GZ)):
-    try:
-      return gzip.decompress(paths.read_bytes(paths.join(seed_dir, ARMS_GZ))).decode("utf-8")
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-      raise ValueError(f"{paths.join(seed_dir, ARMS_GZ)}: not gzipped UTF-8 JSON ({e}); record "
-                       "the study again") from None
-  return None
-
-
 def read_arms(seed_dir: str) -> list[dict] | None:
-  """The arms a seed directory holds (arms.json or a record's arms.json.gz), None when neither
-  is there; a ValueError naming the file when it is not a JSON object with "arms"."""
-  text = arms_text(seed_dir)
-  if text is None:
+  """The arms a seed directory holds: its arms.json (a study's), else its arms.json.gz (a
+  record's: every evaluation's per-prompt results are megabytes of JSON a seed, which gzip takes
+  to a fifteenth); None when it has neither. A file that is not (gzipped) JSON with "arms" is a
+  one-line ValueError naming it."""
+  path, gz = paths.join(seed_dir, ARMS_FILE), paths.join(seed_dir, ARMS_GZ)
+  if paths.exists(path):
+    return read_json(path, "delete it and rerun the study command, which rewrites it from the "
+                     "finished phases", keys=("arms",))["arms"]
+  if not paths.exists(gz):
     return None
-  where = paths.join(seed_dir, ARMS_FILE if paths.exists(paths.join(seed_dir, ARMS_FILE))
-                     else ARMS_GZ)
   try:
-    obj = json.loads(text)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{where}: not valid JSON ({e.msg}, line {e.lineno} column {e.colno}); "
-                     "delete it and rerun the study command, which rewrites it") from None
-  return require_keys(obj, ("arms",), where, "delete it and rerun the study command, which "
-                      "rewrites it from the finished phases")["arms"]
+    obj = json.loads(gzip.decompress(paths.read_bytes(gz)).decode("utf-8"))
+  except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{gz}: not gzipped UTF-8 JSON ({e}); record the study again") from None
+  return require_keys(obj, ("arms",), gz, "record the study again")["arms"]
 
 
 def _seeds(workdir: str) -> list[str]:

@@ -346,7 +346,7 @@ class _ArmLog(list):
       paths.write_atomic(self.path, json.dumps({"arms": [dataclasses.asdict(a) for a in self]}))
 
 
-ARMS_FILE = "arms.json"
+ARMS_FILE = records.ARMS_FILE
 
 
 def load_arms(workdir: str) -> list[ArmResult]:
