@@ -14,32 +14,9 @@
 # --dry-run prints the exact commands instead of running them. See launch/README.md.
 set -euo pipefail
 
-usage() {
-  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
-  if [[ $# -gt 0 ]]; then
-    echo "error: $*" >&2
-  fi
-  exit 2
-}
-
-# --help: the usage on stdout, exit 0.
-show_help() {
-  sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
-  exit 0
-}
-
-# Prints a command the way a shell would read it back: words that need it in single quotes.
-quote() {
-  local out=() word
-  for word in "$@"; do
-    if [[ "$word" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
-      out+=("$word")
-    else
-      out+=("'${word//\'/\'\\\'\'}'")
-    fi
-  done
-  printf '%s\n' "${out[*]}"
-}
+# usage, show_help, quote
+# shellcheck source=launch/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 [[ $# -ge 1 ]] || usage "missing subcommand"
 SUB="$1"

@@ -19,6 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TPU = os.path.join(ROOT, "launch", "tpu.sh")
 GPU = os.path.join(ROOT, "launch", "gpu.sh")
+COMMON = os.path.join(ROOT, "launch", "common.sh")  # what both source
 TMP = "/tmp/launch-test"  # TMPDIR for the scripts: where `ship` puts its tarball
 
 
@@ -58,8 +59,9 @@ def _dry(script, *args) -> list[list[str]]:
 
 
 def test_shellcheck_passes():
-  proc = subprocess.run([_shellcheck(), "--severity=style", TPU, GPU], capture_output=True,
-                        text=True, timeout=60)
+  # -x follows `source launch/common.sh` (its path as the scripts' directives name it, from ROOT).
+  proc = subprocess.run([_shellcheck(), "--severity=style", "-x", TPU, GPU, COMMON],
+                        capture_output=True, text=True, timeout=60, cwd=ROOT)
   assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
