@@ -45,7 +45,9 @@ import dataclasses
 import json
 import logging
 import re
+import threading
 import time
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -70,6 +72,14 @@ DEFAULT_RUN_NEUTRAL_FIELDS: tuple[str, ...] = (
 )
 
 _TMP_DIR = re.compile(r"^(?:.*_)?(\d+)\.orbax-checkpoint-tmp")
+# Two CheckpointManagers saving at once in one process (phases side by side in threads,
+# smjax.study.run._side_by_side) break orbax 0.12: its async saves signal each other through
+# process-wide keys ("awaitable_signals_contract_<n>/item_directory_creation"), so they time out,
+# find each other's tmp directories ("File exists") or write into them (tests/test_checkpoint.py
+# reproduces it). One save at a time in a process: a save waits for the previous Checkpointer's
+# background writes first (a Checkpointer's own saves orbax already orders).
+_SAVE_LOCK = threading.Lock()
+_last_saver: "weakref.ref[Checkpointer] | None" = None
 
 
 class ConfigMismatchError(ValueError):
@@ -200,9 +210,15 @@ class Checkpointer:
         "checksums": _checksum_dict(state) if self.verify else None,
     }
     metrics = {self.metric_name: meta["metric"]} if self._options.best_fn else None
-    return self._mgr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-        metrics=metrics, force=True)
+    global _last_saver
+    with _SAVE_LOCK:
+      last = _last_saver and _last_saver()
+      if last is not None and last is not self and last._mgr is not None:
+        last._mgr.wait_until_finished()
+      _last_saver = weakref.ref(self)
+      return self._mgr.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+          metrics=metrics, force=True)
 
   def wait(self) -> None:
     """Blocks until every pending (async) save is on disk and old steps are cleaned up."""

@@ -111,7 +111,14 @@ def _install() -> None:
   def in_segment(kind, fn, name_of=lambda *a, **k: ""):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-      _segment(kind, *name_of(*args, **kwargs))
+      name = name_of(*args, **kwargs)
+      pre = getattr(_open, "seg", None)
+      if (kind == "phase" and pre is not None and pre["kind"] == "gap"
+          and threading.current_thread() is not threading.main_thread()):
+        # What a phase's thread read before entering the phase is that phase's own code (e.g.
+        # phase_external_teacher resolving its preset): judged by what that phase declares.
+        pre.update(kind="prelude", name=name[0], declared=list(name[1]))
+      _segment(kind, *name)
       try:
         return fn(*args, **kwargs)
       finally:
@@ -153,8 +160,9 @@ def undeclared(path: str) -> list[str]:
   bad = []
   for i, s in enumerate(segments):
     fields = [f for f in s["reads"] if not under(f, neutral)]
-    if s["kind"] == "phase":
-      bad += [f"phase {s['name']} reads {f}, which it does not declare" for f in fields
+    if s["kind"] in ("phase", "prelude"):
+      where = "phase" if s["kind"] == "phase" else "the thread of phase"
+      bad += [f"{where} {s['name']} reads {f}, which it does not declare" for f in fields
               if not under(f, s["declared"])]
     elif s["kind"] == "shared":
       bad += [f"the shared record reads {f}, which no phase declares" for f in fields

@@ -148,6 +148,39 @@ def test_an_error_inside_the_manager_finishes_its_async_save_first(tmp_path):
     _assert_bitwise(again.restore(3, state).state, want)
 
 
+
+def test_two_checkpointers_saving_at_once_in_threads_both_land(tmp_path):
+  """Phases side by side (threads) save the same steps at the same moments. Without the
+  process-wide save lock, orbax 0.12's async saves of two managers collide (timeouts on its
+  process-wide signal keys, "File exists" or "Directory not empty" in each other's tmp folders);
+  with it, every step of both lands complete and restorable."""
+  errors, states = [], {}
+  gate = threading.Barrier(2, timeout=60)
+
+  def phase(i):
+    try:
+      with Checkpointer(str(tmp_path / f"phase{i}"), max_to_keep=8, keep_best=False) as ckpt:
+        for step in range(1, 7):
+          gate.wait()   # both save step `step` at once
+          states[i, step] = _toy_state(10 * i + step)
+          ckpt.save(step, states[i, step])
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(f"phase {i}: {e!r}"[:300])
+      gate.abort()
+  threads = [threading.Thread(target=phase, args=(i,)) for i in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(120)
+  assert not errors, errors
+  for i in range(2):
+    with Checkpointer(str(tmp_path / f"phase{i}"), async_save=False, keep_best=False) as again:
+      assert again.all_steps() == list(range(1, 7))
+      for step in (1, 6):
+        _assert_bitwise(again.restore(step, states[i, step]).state, _host(states[i, step]))
+    assert not [p for p in (tmp_path / f"phase{i}" / "checkpoints").iterdir()
+                if "tmp" in p.name]
+
 def test_keeps_last_n_and_best(tmp_path):
   state = {"w": jnp.ones((8, 8))}
   metrics = {1: 0.1, 2: 0.7, 3: 0.3, 4: None, 5: 0.2, 6: 0.4, 7: None}

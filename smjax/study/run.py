@@ -287,34 +287,41 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                 for d, m in members.items())))
   external = None
   if "external" in phases or "self_teacher" in phases:
-    external = ph.phase_external_teacher(shared, workdir)
+    # The external teacher and its control (claim (c)) read only the base: trained side by side.
+    sft = [ph.phase_external_teacher]
+    if "external" in phases and config.external.control:
+      sft.append(ph.phase_control_teacher)
+    external, *control = _side_by_side(lambda phase: phase(shared, workdir), sft, workers)
     arms.append(ArmResult("external_teacher", seed, external.curve, {},
                           note=f"{config.external.teacher_preset} SFT on verbose solutions; "
                           "not charged to any arm"))
   if "external" in phases:
     # Claim (c): OPD from the external teacher, and from its control (the student's size, plain
     # chains), each under MOPD's capture rule plus the report's level, both on the stop set, with
-    # the student's token cap raised to the teacher's (external.max_new_tokens).
+    # the student's token cap raised to the teacher's (external.max_new_tokens); side by side.
     teachers = [(ph.EXTERNAL_OPD, "external", external,
                  get_preset(config.external.teacher_preset), 40)]
-    if config.external.control:
-      control = ph.phase_control_teacher(shared, workdir)
-      arms.append(ArmResult("control_teacher", seed, control.curve, {},
+    if control:
+      arms.append(ArmResult("control_teacher", seed, control[0].curve, {},
                             note="the student's architecture SFT'd on plain chains, as the "
                             "external teacher on verbose ones; not charged to any arm"))
-      teachers.append((ph.CONTROL_OPD, "control", control, shared.model_cfg, 41))
+      teachers.append((ph.CONTROL_OPD, "control", control[0], shared.model_cfg, 41))
     cap, ref = external_max_new_tokens(config), reference()
-    for spec, who, teacher, cfg, stream_seed in teachers:
-      ext = rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
-               domains=domains,
-               steps=config.external.steps, stream_seed=stream_seed,
-               router=shared.teacher_router([Teacher(who, cfg, teacher.params,
-                                                      tuple(domains))]),
-               eval_refine=int(o.eval_refine), max_new_tokens=cap,
-               stop_at=rules.all_rules(
-                   rules.capture_rule(_stop_final(base), _stop_final(teacher), o.capture_fraction),
-                   None if ref is None else rules.target_rule(
-                       _stop_final(base), ref, float(config.report.target_fraction))))
+
+    def teacher_opd(t):
+      spec, who, teacher, cfg, stream_seed = t
+      return rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
+                domains=domains,
+                steps=config.external.steps, stream_seed=stream_seed,
+                router=shared.teacher_router([Teacher(who, cfg, teacher.params,
+                                                       tuple(domains))]),
+                eval_refine=int(o.eval_refine), max_new_tokens=cap,
+                stop_at=rules.all_rules(
+                    rules.capture_rule(_stop_final(base), _stop_final(teacher),
+                                       o.capture_fraction),
+                    None if ref is None else rules.target_rule(
+                        _stop_final(base), ref, float(config.report.target_fraction))))
+    for (spec, who, *_), ext in zip(teachers, _side_by_side(teacher_opd, teachers, workers)):
       arms.append(_arm(spec.name, seed, ext, distill_flops=sum(train(ext).values()),
                        teachers={d: f"{who}_teacher" for d in domains},
                        capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
