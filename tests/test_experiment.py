@@ -112,8 +112,9 @@ def test_report_fields_and_files(study):
     if arm != "joint_grpo":     # the reference has no saving against itself
       assert "saving_at_target" in a and "saving_total" not in a, sorted(a)
   assert rep["arms"]["split_merge"]["distillation_share_run"]["mean"] > 0
-  # The frontier at every level, read both ways; the verdicts end with what the intervals cover.
-  assert set(rep["frontier"]) == {"mean", "every"}
+  # The frontier at every level, read on the mean and on every domain, on levels of joint GRPO's
+  # gain and of the better route's; the verdicts end with what the intervals cover.
+  assert set(rep["frontier"]) == {"mean", "every", "mean_best", "every_best"}
   assert set(rep["frontier"]["mean"]) == {"0.5", "0.75", "0.9", "0.95"}
   assert rep["verdicts"] and "evaluation noise only" in rep["verdicts"][-1]
   # Every evaluation also measures the stop set (what the stop rules read), apart from the report
@@ -603,7 +604,7 @@ def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys
   """`smjax report MAP` on a map folder: one cell finished (a copy of the mini study), one still
   running (its seed has joint GRPO but no MOPD yet); the finished cell's line carries its own
   report's figures, the running one says so, the others are listed as not started."""
-  from smjax.study import regimes, report_cli  # pylint: disable=import-outside-toplevel
+  from smjax.study import regimes, report_cli, stats  # pylint: disable=import-outside-toplevel
   root = tmp_path / "map"
   shutil.copytree(study[0], root / "shared_even")
   shutil.copytree(study[0], root / "interfering_even")
@@ -630,11 +631,14 @@ def test_a_regime_map_renders_its_cells_partial_ones_too(study, tmp_path, capsys
   done, running = rows["shared_even"], rows["interfering_even"]
   assert done["status"] == "done" and done["seeds"] == [0] and done["skill"] == "shared"
   own = json.load(open(root / "report" / "shared_even" / "report.json"))["frontier"]
-  for on in ("mean", "every"):
-    assert done[on]["saving"]["mean"] == own[on]["0.9"]["saving"]["mean"]
+  for on in ("mean", "every", "mean_best", "every_best"):
+    assert stats.number(done[on]["saving"]["mean"]) == pytest.approx(
+        stats.number(own[on]["0.9"]["saving"]["mean"]), nan_ok=True), on
   assert done["mean"]["verdict"].startswith("(a) at 90% of joint_grpo's gain (mean over domains)")
-  assert done["mean"]["verdict"] in json.load(open(root / "report" / "shared_even" /
-                                                   "report.json"))["verdicts"]
+  assert done["mean_best"]["verdict"].startswith(
+      "(a) at 90% of the better route's gain (mean over domains)")
+  own_verdicts = json.load(open(root / "report" / "shared_even" / "report.json"))["verdicts"]
+  assert done["mean"]["verdict"] in own_verdicts and done["mean_best"]["verdict"] in own_verdicts
   assert set(done["zero_variance_groups"]) == {"math", "code"}
   # Each route's ceiling: the merged student's final accuracy against joint GRPO's, per seed.
   own_arms = json.load(open(root / "report" / "shared_even" / "report.json"))["arms"]

@@ -153,6 +153,9 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
                    "distillation_share": s(0.25, 0.2, 0.3, [0.2, 0.25, 0.3]),
                    "verdict": "(a) at 90% of joint_grpo's gain (mean over domains): dearer"},
           "every": {"saving": s(-0.2, -0.4, 0.0, [-0.1, -0.2, -0.3])},
+          "mean_best": {"saving": s(-0.1, -0.3, 0.1, [0.05, -0.15, -0.2]),
+                        "verdict": "(a) at 90% of the better route's gain (mean over domains): "
+                                   "not distinguishable"},
           "final": {"difference": s(-0.035, -0.074, 0.004, [-0.03, 0.01, -0.085])},
           "zero_variance_groups": {"math": 0.75, "strings": 0.5}, "teachers": [],
           "collapsed": [{"arm": "expert_math", "seed": 1, "step": 82,
@@ -165,10 +168,13 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   out = render.update_docs(page)
   assert "stale" not in out and out.endswith(f"{render.END}\nafter\n")
+  # The better route's levels: the mean's saving, every domain's missing ("-").
   assert ("| disjoint_even | disjoint | even | 3 | -50.0% [-90.0, -10.0] | -20.0% [-40.0, +0.0] "
-          "| 25.0% [+20.0, +30.0] | -3.5 [-7.4, +0.4] (1 of 3 seeds above) | math 75% strings "
-          "50% |") in out
-  assert "- **disjoint_even** (math and strings): (a) at 90% of joint_grpo's gain" in out
+          "| -10.0% [-30.0, +10.0]; - | 25.0% [+20.0, +30.0] | -3.5 [-7.4, +0.4] (1 of 3 seeds "
+          "above) | math 75% strings 50% |") in out
+  assert ("- **disjoint_even** (math and strings): (a) at 90% of joint_grpo's gain (mean over "
+          "domains): dearer; (a) at 90% of the better route's gain (mean over domains): not "
+          "distinguishable") in out
   assert ("- **disjoint_even**: expert_math on seed 1 at step 82 (no sample has scored and the "
           "gradient has been 0 for 25 steps)") in out
   assert "Not started: sparse." in out

@@ -290,6 +290,58 @@ def test_frontier_is_each_routes_cheapest_first_passage():
   assert g["_frontier|every/0.9/split"] == pytest.approx(176.0)
 
 
+def test_frontier_levels_of_the_better_routes_gain():
+  """The "_best" modes read the levels as shares of the better route's gain: on the mean, the
+  higher final mean of the two routes; per domain, the higher final on that domain. A route that
+  ends above joint GRPO reaches levels joint GRPO never does; joint GRPO is censored there."""
+  # Late set ends at .7/.7 above joint's .6/.6: mean top .7, a gain of .5; 90 % -> .65. Joint
+  # never gets there (censored at 200); the late set crosses between 170 (.5) and 180 (.65): 180.
+  flat = {a.arm: (dataclasses.replace(a, reached=True) if a.arm == "split_merge@0.9" else a)
+          for a in _frontier_arms()}
+  f = seed_figures(flat, {}, target_fraction=0.9, reference_arm="joint_grpo",
+                   recover_domain=None, levels=(0.9,))
+  joint = f["_frontier|mean_best/0.9/joint"]
+  assert joint.value == 200.0 and joint.side == 1
+  assert f["_frontier|mean_best/0.9/split"] == pytest.approx(180.0)
+  saving = f["_frontier|mean_best/0.9/saving"]      # at least 1 - 180 / 200
+  assert saving.value == pytest.approx(0.1) and saving.side == 1
+  # Every domain at .65: code is there at 180 (.7), math between 180 (.6) and 190 (.7): 185.
+  assert f["_frontier|every_best/0.9/split"] == pytest.approx(185.0)
+  # Joint's own levels are unchanged beside them (.56 at 180 against 174).
+  assert f["_frontier|mean/0.9/split"] == pytest.approx(174.0)
+  # Per domain: joint ends at math .6 / code .4, the one split set at math .4 / code .6, from .2
+  # each. Every domain at 50 % of the better route's gain (.4 on both): joint at 100 (code .4),
+  # the set at 150 (math .4): 1 - 150 / 100 = -50 %. On joint's own levels (math .4, code .3)
+  # joint's shortfall min_d(v_d - level_d) goes from -.2 at 0 to +.1 at 100: zero at 66.7, and
+  # the saving reads -125 %, the route held to the bar only joint GRPO set.
+  base = ArmResult("base", 0, _curve([(0, .2, .2)]), {})
+  joint_arm = ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (100, .6, .4)]),
+                        {"train/policy": 100.0})
+  split = ArmResult("split_merge", 0, _curve([(50, .2, .2), (150, .4, .6)]),
+                    {"train/policy": 150.0}, expert_flops=50.0, distill_flops=100.0)
+  arms = {a.arm: a for a in (base, joint_arm, split)}
+  g = seed_figures(arms, {}, target_fraction=0.5, reference_arm="joint_grpo",
+                   recover_domain=None, levels=(0.5, 1.0))
+  assert g["_frontier|every_best/0.5/joint"] == pytest.approx(100.0)
+  assert g["_frontier|every_best/0.5/split"] == pytest.approx(150.0)
+  assert g["_frontier|every_best/0.5/saving"] == pytest.approx(-0.5)
+  assert g["_frontier|every/0.5/joint"] == pytest.approx(200 / 3)
+  assert g["_frontier|every/0.5/split"] == pytest.approx(150.0)
+  assert g["_frontier|every/0.5/saving"] == pytest.approx(1 - 150 / (200 / 3))
+  # At 100 % of the better route's gain on every domain neither route gets there: both censored
+  # at their last FLOPs, the saving undefined.
+  assert g["_frontier|every_best/1/joint"].side == 1 and g["_frontier|every_best/1/split"].side
+  assert math.isnan(g["_frontier|every_best/1/saving"])
+  # The means tie (.5 each): the better route's mean is joint's own, the readings agree.
+  assert g["_frontier|mean_best/0.5/joint"] == g["_frontier|mean/0.5/joint"]
+  rep = build_report(list(flat.values()), bootstrap=0, levels=(0.9,))
+  assert "mean_best" in rep["frontier"] and "every_best" in rep["frontier"]
+  # joint GRPO censored: the saving is a lower bound, said as one (not "not distinguishable").
+  assert ("(a) at 90% of the better route's gain (mean over domains): joint_grpo had not reached "
+          "the level when it stopped: saving ≥ 10.0% (180 against ≥ 200") in "\n".join(
+              rep["verdicts"])
+
+
 def test_frontier_report_censors_a_truncated_curve_and_names_the_set():
   # The late set cut after its crossing point at 170 (mean .5): at 90 % it never got there.
   arms = [a for a in _frontier_arms(split_cut=2) if a.arm != "split_merge@0.9"]

@@ -244,9 +244,10 @@ def test_the_arms_and_the_report(study):
   assert "joint GRPO on toy-small" in arms["joint_grpo_strong"]["notes"][0]
   assert "(toy-small)" in arms["split_merge"]["notes"][0]
   # The frontier still faces the split_merge sets with joint GRPO, and no other arm.
-  assert set(report["frontier"]) == {"mean", "every"}
-  for at in report["frontier"]["mean"].values():
-    assert all(s is None or s.startswith("split_merge") for s in at["sets"])
+  assert set(report["frontier"]) == {"mean", "every", "mean_best", "every_best"}
+  for mode in report["frontier"].values():
+    for at in mode.values():
+      assert all(s is None or s.startswith("split_merge") for s in at["sets"])
   # ... and the new arm is in the table and on the plot.
   table = open(os.path.join(wd, "report", "report.txt")).read()
   assert "joint_grpo_strong" in table and "base_strong" in table

@@ -45,6 +45,7 @@ import numpy as np
 from smjax import paths
 from smjax.checkpoint_meta import config_diff, read_json
 from smjax.study import stats
+from smjax.study.verdicts import FRONTIER_READINGS
 
 SKILLS = ("shared", "disjoint", "interfering")
 DIFFICULTIES = ("even", "uneven")
@@ -299,14 +300,16 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   level = f"{float(config.report.target_fraction):g}"
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
-  for on, where in (("mean", "mean over domains"), ("every", "every domain at its level")):
+  for on, of, where in FRONTIER_READINGS:
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:
       continue
     row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets")}
     # The cell's own verdict line on claim (a) at the level (smjax.study.verdicts).
-    row[on]["verdict"] = next((v for v in report.get("verdicts") or []
-                               if v.startswith("(a)") and f"({where})" in v), "")
+    whose = of or f"{ref}'s"
+    head = f"(a) at {100 * row['level']:.0f}% of {whose} gain ({where})"
+    row[on]["verdict"] = next((v for v in report.get("verdicts") or [] if v.startswith(head)),
+                              "")
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
   # Each route's ceiling: the levels are shares of joint GRPO's gain, so a cell where
   # split-then-merge ends above joint GRPO (interfering skills, say) shows it here, not in a
@@ -384,30 +387,35 @@ def _jsonable(x):
 
 
 def plot_map(data: dict, path) -> None:
-  """Each cell's saving at the level (mean over domains) with its interval and its seeds' values;
-  0 (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file
+  """Each cell's saving at the level (mean over domains) with its interval and its seeds' values,
+  the level read as a share of joint GRPO's gain and, just below it, of the better route's; 0
+  (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file
   object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   rows = [r for r in data["cells"] if r.get("mean")]
-  fig, ax = plt.subplots(figsize=(7, 0.5 * max(3, len(rows)) + 1.2))
+  fig, ax = plt.subplots(figsize=(7, 0.6 * max(3, len(rows)) + 1.4))
+  labels = {"mean": "levels of joint GRPO's gain", "mean_best": "levels of the better route's"}
   for i, r in enumerate(rows):
-    s = r["mean"]["saving"]
-    m, lo, hi = (stats.number(s.get(k)) for k in ("mean", "lo", "hi"))
-    if math.isfinite(lo) and math.isfinite(hi):
-      ax.plot([100 * lo, 100 * hi], [i, i], color="C0", lw=2)
-    if math.isfinite(m):
-      ax.plot([100 * m], [i], "o", color="C0")
-    xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
-    ax.plot([x for x in xs if math.isfinite(x)], [i] * sum(math.isfinite(x) for x in xs), "x",
-            color="C1", ms=5)
+    for on, dy, c in (("mean", 0.0, "C0"), ("mean_best", -0.25, "C3")):
+      if "saving" not in (r.get(on) or {}):
+        continue
+      s = r[on]["saving"]
+      m, lo, hi = (stats.number(s.get(k)) for k in ("mean", "lo", "hi"))
+      if math.isfinite(lo) and math.isfinite(hi):
+        ax.plot([100 * lo, 100 * hi], [i + dy] * 2, color=c, lw=2)
+      if math.isfinite(m):
+        ax.plot([100 * m], [i + dy], "o", color=c, label=labels.pop(on, None))
+      xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
+      ax.plot([x for x in xs if math.isfinite(x)], [i + dy] * sum(map(math.isfinite, xs)), "x",
+              color="C1", ms=5)
   ax.axvline(0, color="k", lw=0.8)
   ax.axvline(42, color="C2", ls="--", lw=0.8, label="the paper's 42 %")
   ax.set_yticks(range(len(rows)), [r["cell"] for r in rows])
   ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)")
   ax.set_title("The regime map: o mean [interval], x seeds")
-  ax.legend(loc="lower right", fontsize=8)
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110, format="png")
   plt.close(fig)

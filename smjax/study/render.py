@@ -64,11 +64,17 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
   return f"{head} [{b(lo)}, {b(hi)}]"
 
 
+# The frontier's readings (smjax.study.report._frontier): levels as shares of joint GRPO's gain
+# (on the mean over domains; every domain at its own), then of the better route's.
+FRONTIER_MODES = {"mean": "mean", "every": "every domain", "mean_best": "mean, better route's",
+                  "every_best": "every domain, better route's"}
+
+
 def frontier_rows(report: dict) -> list[list[str]]:
   """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
   distillation's share and which expert stop was cheapest (per seed)."""
   rows = []
-  for mode, where in (("mean", "mean"), ("every", "every domain")):
+  for mode, where in FRONTIER_MODES.items():
     for level, at in (report.get("frontier") or {}).get(mode, {}).items():
       sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
       bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa
@@ -138,8 +144,11 @@ def format_table(report: dict, width: int | None = None) -> str:
   rows = frontier_rows(report)
   if rows:
     ref = report.get("reference_arm")
+    best = any(m.endswith("_best") for m in report.get("frontier") or {})
     out += _table(f"Frontier: training FLOPs to each level (the base plus a share of {ref}'s "
-                  f"gain), each route's cheapest; {cover}",
+                  f"gain" + (", or of the better route's where it says so: per domain, the "
+                  "higher final accuracy of the two routes" if best else "")
+                  + f"), each route's cheapest; {cover}",
                   ["level", "read on", ref, "split-then-merge", "saving", "distill/experts",
                    "cheapest expert stop per seed", "bracket joint / split"], rows, width,
                   points=(ref, "split-then-merge"),
@@ -436,21 +445,25 @@ def map_markdown(data: dict) -> str:
   """A regime map's map.json (smjax.study.regimes.map_report) as a markdown table, one row per
   cell, then each cell's verdict line."""
   head = ("| cell | skill | difficulty | seeds | saving at the level, mean [interval] | "
-          "every domain at its level | distillation / experts | final accuracy, split-then-merge "
+          "every domain at its level | levels of the better route's gain: mean; every domain | "
+          "distillation / experts | final accuracy, split-then-merge "
           "minus joint GRPO (points) | joint GRPO's zero-advantage groups |")
-  lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+  lines = [head, "|---|---|---|---|---|---|---|---|---|---|"]
   for r in data["cells"]:
     mean, every = r.get("mean") or {}, r.get("every") or {}
+    best = (f"{_pct((r.get('mean_best') or {}).get('saving'))}; "
+            f"{_pct((r.get('every_best') or {}).get('saving'))}")
     zv = " ".join(f"{d} {100 * v:.0f}%" for d, v in sorted(
         (r.get("zero_variance_groups") or {}).items())) or "-"
     seeds = f"{len(r['seeds'])}" + ("" if r["status"] == "done" else f" ({r['status']})")
     lines.append(f"| {r['cell']} | {r['skill']} | {r['difficulty']}"
                  f"{' + ' + r['extra'] if r['extra'] else ''} | {seeds} | "
-                 f"{_pct(mean.get('saving'))} | {_pct(every.get('saving'))} | "
+                 f"{_pct(mean.get('saving'))} | {_pct(every.get('saving'))} | {best} | "
                  f"{_pct(mean.get('distillation_share')).lstrip('+')} | "
                  f"{_points((r.get('final') or {}).get('difference'))} | {zv} |")
   verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
-              for r in data["cells"] if r.get("mean")]
+              + (f"; {r['mean_best']['verdict']}" if (r.get("mean_best") or {}).get("verdict")
+                 else "") for r in data["cells"] if r.get("mean")]
   teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
               for r in data["cells"] if r.get("teachers")]
   if teachers:

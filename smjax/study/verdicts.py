@@ -98,7 +98,8 @@ def point_only(report: dict) -> bool:
 def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
                  point: bool = False, some: str = "") -> str:
   """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
-  reached the level when it stopped, `flops` its FLOPs then) a bound, with seed agreement.
+  reached the level when it stopped, `flops` its FLOPs then; or the reference had not, so the
+  saving is at least this) a bound, with seed agreement.
   `point`: the report has no intervals, so the point estimate's sign is stated as it is.
   `some`: the arm has run on some seeds only (`_some_seeds`): their values, no summary."""
   side, bound = _side(s), int(s.get("bound") or 0)
@@ -120,7 +121,18 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
       return (f"{what} had not reached the level when it stopped{at}: it needs "
               f"{_pct(s, negate=True)} more FLOPs than {against}")
     return f"{what} had not reached the level when it stopped{at}: saving {_pct(s)}"
+  if bound > 0:   # the reference was censored: the saving is at least this
+    return f"{against} had not reached the level when it stopped: saving {_pct(s)}" + _agree(
+        s, 0)
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
+
+
+# Claim (a)'s readings of the frontier (smjax.study.report._frontier): (mode, whose gain the
+# levels are shares of (None: the reference arm's), where they are read).
+FRONTIER_READINGS = (
+    ("mean", None, "mean over domains"), ("every", None, "every domain at its level"),
+    ("mean_best", "the better route's", "mean over domains"),
+    ("every_best", "the better route's", "every domain at its level"))
 
 
 def verdicts(report: dict) -> list[str]:
@@ -132,13 +144,14 @@ def verdicts(report: dict) -> list[str]:
   ref = report.get("reference_arm") or "the reference"
   level = report.get("target_fraction", 0.9)
   front = report.get("frontier") or {}
-  for mode, where in (("mean", "mean over domains"), ("every", "every domain at its level")):
+  for mode, of, where in FRONTIER_READINGS:
     at = (front.get(mode) or {}).get(f"{level:g}")
     if not at or "saving" not in at:
       continue
     sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
     which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
-    lines.append(f"(a) at {100 * level:.0f}% of {ref}'s gain ({where}): " + _saving_line(
+    of = of or f"{ref}'s"
+    lines.append(f"(a) at {100 * level:.0f}% of {of} gain ({where}): " + _saving_line(
         "split-then-merge", at["saving"], ref, at["split"], point)
         + f" ({_flops(at['split'])} against {_flops(at['joint'])}{which})")
   at = (front.get("mean") or {}).get(f"{level:g}") or {}
