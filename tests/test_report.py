@@ -265,6 +265,7 @@ def test_frontier_is_each_routes_cheapest_first_passage():
   assert f["_frontier|mean/0.9/joint"] == pytest.approx(180.0)
   split = f["_frontier|mean/0.9/split"]
   assert split.value == pytest.approx(100.0) and split.side == 1
+  assert math.isnan(f["_frontier|mean/0.9/grid_step"])    # a censored figure has no grid step
   # "every domain at its level" (.56 on each): math reaches .56 at 174 on the late set too.
   assert f["_frontier|every/0.9/joint"] == pytest.approx(180.0)
   # The early set's distillation met its stop rule (its curve went flat) below .56: it does not
@@ -277,6 +278,17 @@ def test_frontier_is_each_routes_cheapest_first_passage():
   assert h["_frontier|mean/0.9/split"] == pytest.approx(174.0)
   assert h["_frontier|mean/0.9/set"] == 1.0
   assert h["_frontier|mean/0.5/split"] == pytest.approx(76.0)    # where it got there, it counts
+  # The bar grid's step under the chosen late set: its experts cost 160, the early set's 60, so an
+  # expert stop between the bars pays at least 60: the figure could fall by (160 - 60) / 174, to
+  # 74, a saving of at most 1 - 74 / 180. The early set, cheapest at 50 %, has no step below it.
+  assert h["_frontier|mean/0.9/grid_step"] == pytest.approx(100 / 174)
+  assert h["_frontier|mean/0.9/saving_finer_bars"] == pytest.approx(1 - 74 / 180)
+  assert h["_frontier|mean/0.5/grid_step"] == 0.0
+  assert h["_frontier|mean/0.5/saving_finer_bars"] == pytest.approx(1 - 76 / 100)
+  rep = build_report(list(flat.values()), bootstrap=0, levels=(0.5, 0.9))
+  (line,) = [v for v in rep["verdicts"] if v.startswith("(a) at 90% of joint_grpo's gain (mean")]
+  assert line.endswith("cheapest expert stop: final; expert stops between the bars: at most "
+                       "+58.9%)"), line
   # Without the early set the late one's 174 is exact: a saving of 1 - 174 / 180.
   late_only = {a.arm: a for a in _frontier_arms() if a.arm != "split_merge@0.9"}
   g = seed_figures(late_only, {}, target_fraction=0.9, reference_arm="joint_grpo",

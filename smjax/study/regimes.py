@@ -304,7 +304,8 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:
       continue
-    row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets")}
+    row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets",
+                                     "grid_step", "saving_finer_bars")}
     # The cell's own verdict line on claim (a) at the level (smjax.study.verdicts).
     whose = of or f"{ref}'s"
     head = f"(a) at {100 * row['level']:.0f}% of {whose} gain ({where})"

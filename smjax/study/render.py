@@ -81,7 +81,9 @@ def frontier_rows(report: dict) -> list[list[str]]:
       rows.append([f"{100 * float(level):.0f}%", where, _ci(at.get("joint")),
                    _ci(at.get("split")), _ci(at.get("saving"), pct=True),
                    _ci(at.get("distillation_share"), pct=True), " ".join(sets),
-                   f"{bracket('joint_bracket')} / {bracket('split_bracket')}"])
+                   f"{bracket('joint_bracket')} / {bracket('split_bracket')}",
+                   _ci(at.get("saving_finer_bars"), pct=True)
+                   if _num(at.get("grid_step")) > 0 else "-"])
   return rows
 
 
@@ -150,10 +152,11 @@ def format_table(report: dict, width: int | None = None) -> str:
                   "higher final accuracy of the two routes" if best else "")
                   + f"), each route's cheapest; {cover}",
                   ["level", "read on", ref, "split-then-merge", "saving", "distill/experts",
-                   "cheapest expert stop per seed", "bracket joint / split"], rows, width,
+                   "cheapest expert stop per seed", "bracket joint / split",
+                   "saving, stops between bars: at most"], rows, width,
                   points=(ref, "split-then-merge"),
-                  drop=("bracket joint / split", "cheapest expert stop per seed",
-                        "distill/experts"))
+                  drop=("saving, stops between bars: at most", "bracket joint / split",
+                        "cheapest expert stop per seed", "distill/experts"))
   for group in ("main", "recovery"):
     arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
     if not arms:

@@ -185,7 +185,10 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   below the level is no candidate, one cut at its cap is, censored), "saving" (1 - split /
   joint), "distillation_share" (that set's distillation FLOPs over its experts'),
   "joint_bracket" / "split_bracket" (the evaluation interval each passage was interpolated in, as
-  a share of its FLOPs), "set" (which set, as its index in `split_sets`)."""
+  a share of its FLOPs), "grid_step" (how far below the figure the experts one bar down start,
+  as a share of it: `_grid_step`), "saving_finer_bars" (the saving with the figure lowered by
+  that step: the most that expert stops between the bars could show, if a stop below the next
+  bar down gets there no cheaper), "set" (which set, as its index in `split_sets`)."""
   acc = {n: stats.curve_values(a.curve, idx) for n, a in arms.items()}
   greedy = {n: stats.curve_values(a.curve, idx, source="greedy") for n, a in arms.items()}
   length = {n: stats.curve_values(a.curve, idx, source="length") for n, a in arms.items()}
@@ -322,8 +325,25 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
           else math.nan)
       out[key + "joint_bracket"] = _bracket(joint_xs, mark)
       out[key + "split_bracket"] = _bracket(split_xs[label], mark)
+      step = _grid_step(split, chosen, [arms[n] for n in sets])
+      out[key + "grid_step"] = step
+      # The saving a finer grid could show at most: the figure lowered by the whole step.
+      out[key + "saving_finer_bars"] = (
+          math.nan if math.isnan(step) else _saving(stats.value_of(split) * (1 - step), joint))
       out[key + "set"] = float(sets.index(label))
   return out
+
+
+def _grid_step(split, chosen: ArmResult, sets: Sequence[ArmResult]) -> float:
+  """How coarsely the experts' bars place split-then-merge's figure: the chosen set's expert
+  FLOPs less those of the nearest set below it (the experts one bar down), as a share of the
+  figure. An expert stop between the two bars would pay at least the lower set's experts, so a
+  finer grid could lower the figure by up to this share and no more than that set's experts
+  allow. 0 when no set has cheaper experts; nan when the figure is censored."""
+  if stats.side_of(split) or math.isnan(stats.value_of(split)) or not stats.value_of(split):
+    return math.nan
+  below = [a.expert_flops for a in sets if a.expert_flops < chosen.expert_flops]
+  return (chosen.expert_flops - max(below)) / stats.value_of(split) if below else 0.0
 
 
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,

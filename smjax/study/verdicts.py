@@ -151,6 +151,11 @@ def verdicts(report: dict) -> list[str]:
     sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
     which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
     of = of or f"{ref}'s"
+    finer = at.get("saving_finer_bars")
+    if (finer and not finer.get("bound")
+        and stats.number((at.get("grid_step") or {}).get("mean")) > 0):
+      # How much the experts' bar grid could move the figure (smjax.study.report._grid_step).
+      which += f"; expert stops between the bars: at most {_pct(finer, signed=True)}"
     lines.append(f"(a) at {100 * level:.0f}% of {of} gain ({where}): " + _saving_line(
         "split-then-merge", at["saving"], ref, at["split"], point)
         + f" ({_flops(at['split'])} against {_flops(at['joint'])}{which})")
