@@ -255,3 +255,21 @@ def test_summarised_figures_come_in_one_order_in_every_process():
   prompts = {0: {"math": 4}, 1: {"math": 4}}
   out = stats.summarise(per_seed, stats.identity(prompts), stats.draws(prompts, 5, rng), 0.95)
   assert list(out) == sorted(names)
+
+
+def test_stacked_curves_give_the_same_figures_as_point_by_point():
+  """stats.with_arrays (what build_report hands every replicate) gives bit-identical figures:
+  a domain whose points all have the same prompts goes in one numpy call, one whose prompt count
+  changes between points (or has none) point by point, as stored."""
+  rng = np.random.default_rng(3)
+  curve = [_point(f, {"math": rng.integers(0, 5, 40), "code": rng.integers(0, 5, 30)}, 4)
+           for f in (0, 10, 20)]
+  curve[1]["correct"]["code"] = curve[1]["correct"]["code"][:20]   # ragged: not stacked
+  curve[2]["accuracy"]["strings"] = 0.5                              # no per-prompt counts
+  fast = stats.with_arrays(curve)
+  assert set(fast.stacked) == {("correct", "math")}
+  assert curve[0]["correct"]["math"] == [int(x) for x in fast[0]["correct"]["math"]]  # a copy
+  for _ in range(20):
+    idx = {"math": rng.integers(0, 40, 40), "code": rng.integers(0, 20, 20), "strings": None}
+    assert stats.curve_values(fast, idx) == stats.curve_values(curve, idx)
+  assert stats.curve_values(fast, {"math": None}) == stats.curve_values(curve, {"math": None})

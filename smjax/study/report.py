@@ -371,7 +371,9 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   rec_d = recover_domain_of(arms, recover_domain)
   by_seed: dict[int, dict[str, ArmResult]] = {}
   for a in arms:
-    by_seed.setdefault(a.seed, {})[a.arm] = a
+    # The figures read per-prompt arrays converted once, not each replicate (stats.with_arrays).
+    by_seed.setdefault(a.seed, {})[a.arm] = dataclasses.replace(
+        a, curve=stats.with_arrays(a.curve))
   names = list(dict.fromkeys(a.arm for a in arms))
   if target is None and reference_arm and not any(a.arm == reference_arm for a in arms):
     if any(a.group == "main" and a.flops_by_phase for a in arms):

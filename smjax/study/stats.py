@@ -71,17 +71,56 @@ SOURCES = {"accuracy": ("correct", "samples"), "greedy": ("greedy_correct", None
 def curve_values(curve: Sequence[dict], idx: Mapping[str, np.ndarray | None], *,
                  source: str = "accuracy") -> list[dict]:
   """The curve's per-domain `source` figure ("accuracy": mean of the k samples, "greedy",
-  "length") at every point, over the prompts `idx` (a domain not in it: as stored)."""
+  "length") at every point, over the prompts `idx` (a domain not in it: as stored). A curve
+  from `with_arrays` takes each domain's points in one numpy call."""
   per_prompt, scale_key = SOURCES[source]
+  stacked = getattr(curve, "stacked", {})
+  at_once = {d: stacked[(per_prompt, d)][:, sel].mean(axis=1) for d, sel in idx.items()
+             if sel is not None and (per_prompt, d) in stacked}
   out = []
-  for p in curve:
+  for i, p in enumerate(curve):
     vals = {}
     for d, v in p.get(source, {}).items():
       raw = p.get(per_prompt, {}).get(d)
       sel = None if raw is None else idx.get(d)
       scale = p.get(scale_key, 1) if scale_key else 1
-      vals[d] = v if sel is None else float(np.asarray(raw, np.float64)[sel].mean()) / scale
+      if sel is None:
+        vals[d] = v
+      elif d in at_once:
+        vals[d] = float(at_once[d][i]) / scale
+      else:
+        vals[d] = float(np.asarray(raw, np.float64)[sel].mean()) / scale
     out.append(vals)
+  return out
+
+
+class _Curve(list):
+  """A curve (its points, a list) with its per-prompt figures stacked: {(key, domain): array of
+  points x prompts} (`with_arrays`)."""
+  stacked: dict
+
+
+def with_arrays(curve: Sequence[dict]) -> list[dict]:
+  """A copy of `curve` whose per-prompt lists (SOURCES) are float64 arrays, and stacked per
+  domain where every point has one of the same length, made once so that curve_values, called
+  for every bootstrap replicate, neither converts them again nor goes point by point."""
+  keys = {k for k, _ in SOURCES.values()}
+
+  def array(x):
+    try:
+      return np.asarray(x, np.float64)
+    except (TypeError, ValueError):   # not a list of numbers: left as stored
+      return x
+
+  out = _Curve({k: ({d: array(x) for d, x in v.items()} if k in keys and isinstance(v, dict)
+                    else v) for k, v in p.items()} for p in curve)
+  out.stacked = {}
+  for key in keys:
+    for d in {d for p in out for d in (p.get(key) or {})}:
+      rows = [(p.get(key) or {}).get(d) for p in out]
+      if (all(isinstance(r, np.ndarray) and r.ndim == 1 for r in rows)
+          and len({r.shape for r in rows}) == 1):
+        out.stacked[(key, d)] = np.stack(rows)
   return out
 
 
