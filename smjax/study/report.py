@@ -337,9 +337,9 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
 def _grid_step(split, chosen: ArmResult, sets: Sequence[ArmResult]) -> float:
   """How coarsely the experts' bars place split-then-merge's figure: the chosen set's expert
   FLOPs less those of the nearest set below it (the experts one bar down), as a share of the
-  figure. An expert stop between the two bars would pay at least the lower set's experts, so a
-  finer grid could lower the figure by up to this share and no more than that set's experts
-  allow. 0 when no set has cheaper experts; nan when the figure is censored."""
+  figure. An expert stop between the two bars pays at least the lower set's experts, so a finer
+  grid there could lower the figure by this share at most. 0 when no set has cheaper experts;
+  nan when the figure is censored."""
   if stats.side_of(split) or math.isnan(stats.value_of(split)) or not stats.value_of(split):
     return math.nan
   below = [a.expert_flops for a in sets if a.expert_flops < chosen.expert_flops]
