@@ -45,7 +45,7 @@ import numpy as np
 from smjax import paths
 from smjax.checkpoint_meta import config_diff, read_json
 from smjax.study import stats
-from smjax.study.verdicts import FRONTIER_READINGS
+from smjax.study.verdicts import FRONTIER_READINGS, claim_a_head
 
 SKILLS = ("shared", "disjoint", "interfering")
 DIFFICULTIES = ("even", "uneven")
@@ -300,15 +300,14 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   level = f"{float(config.report.target_fraction):g}"
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
-  for on, of, where in FRONTIER_READINGS:
+  for on, of, where, _ in FRONTIER_READINGS:
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:
       continue
     row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets",
                                      "grid_step", "saving_finer_bars")}
     # The cell's own verdict line on claim (a) at the level (smjax.study.verdicts).
-    whose = of or f"{ref}'s"
-    head = f"(a) at {100 * row['level']:.0f}% of {whose} gain ({where})"
+    head = claim_a_head(row["level"], of, ref, where)
     row[on]["verdict"] = next((v for v in report.get("verdicts") or [] if v.startswith(head)),
                               "")
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])

@@ -22,7 +22,7 @@ from smjax import distributed, paths as paths_lib
 from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
-from smjax.study.verdicts import collapse_text, point_only
+from smjax.study.verdicts import FRONTIER_READINGS, collapse_text, point_only
 
 # The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
 # fits this many columns; report.txt, report.csv and report.json keep every figure.
@@ -64,17 +64,11 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
   return f"{head} [{b(lo)}, {b(hi)}]"
 
 
-# The frontier's readings (smjax.study.report._frontier): levels as shares of joint GRPO's gain
-# (on the mean over domains; every domain at its own), then of the better route's.
-FRONTIER_MODES = {"mean": "mean", "every": "every domain", "mean_best": "mean, better route's",
-                  "every_best": "every domain, better route's"}
-
-
 def frontier_rows(report: dict) -> list[list[str]]:
   """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
   distillation's share and which expert stop was cheapest (per seed)."""
   rows = []
-  for mode, where in FRONTIER_MODES.items():
+  for mode, _, _, where in FRONTIER_READINGS:
     for level, at in (report.get("frontier") or {}).get(mode, {}).items():
       sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
       bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa

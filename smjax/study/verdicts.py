@@ -127,12 +127,21 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
 
 
-# Claim (a)'s readings of the frontier (smjax.study.report._frontier): (mode, whose gain the
-# levels are shares of (None: the reference arm's), where they are read).
+# The frontier's readings (smjax.study.report._frontier), in the order reports list them:
+# (mode, whose gain the levels are shares of (None: the reference arm's), where they are read,
+# the frontier table's short label).
 FRONTIER_READINGS = (
-    ("mean", None, "mean over domains"), ("every", None, "every domain at its level"),
-    ("mean_best", "the better route's", "mean over domains"),
-    ("every_best", "the better route's", "every domain at its level"))
+    ("mean", None, "mean over domains", "mean"),
+    ("every", None, "every domain at its level", "every domain"),
+    ("mean_best", "the better route's", "mean over domains", "mean, better route's"),
+    ("every_best", "the better route's", "every domain at its level",
+     "every domain, better route's"))
+
+
+def claim_a_head(level: float, of: str | None, ref: str, where: str) -> str:
+  """The start of claim (a)'s verdict line for one reading at `level` (what a map finds it by)."""
+  whose = of or f"{ref}'s"
+  return f"(a) at {100 * level:.0f}% of {whose} gain ({where})"
 
 
 def verdicts(report: dict) -> list[str]:
@@ -144,19 +153,18 @@ def verdicts(report: dict) -> list[str]:
   ref = report.get("reference_arm") or "the reference"
   level = report.get("target_fraction", 0.9)
   front = report.get("frontier") or {}
-  for mode, of, where in FRONTIER_READINGS:
+  for mode, of, where, _ in FRONTIER_READINGS:
     at = (front.get(mode) or {}).get(f"{level:g}")
     if not at or "saving" not in at:
       continue
     sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
     which = (f"; cheapest expert stop: {', '.join(sets)}" if sets else "")
-    of = of or f"{ref}'s"
     finer = at.get("saving_finer_bars")
     if (finer and not finer.get("bound")
         and stats.number((at.get("grid_step") or {}).get("mean")) > 0):
       # How much the experts' bar grid could move the figure (smjax.study.report._grid_step).
       which += f"; expert stops between the bars: at most {_pct(finer, signed=True)}"
-    lines.append(f"(a) at {100 * level:.0f}% of {of} gain ({where}): " + _saving_line(
+    lines.append(f"{claim_a_head(level, of, ref, where)}: " + _saving_line(
         "split-then-merge", at["saving"], ref, at["split"], point)
         + f" ({_flops(at['split'])} against {_flops(at['joint'])}{which})")
   at = (front.get("mean") or {}).get(f"{level:g}") or {}
