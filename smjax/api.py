@@ -68,7 +68,8 @@ DEFAULT_DOMAIN = "data"
 
 # Settings a run resumed into the same workdir may change (any other change is refused): none of
 # them changes what a step computes. `steps` is here so that a finished run can be continued.
-_RUN_NEUTRAL = ("steps", "progress", "log_every", "checkpoint_every", "eval_every")
+_RUN_NEUTRAL = ("steps", "progress", "log_every", "checkpoint_every", "checkpoint_seconds",
+                "eval_every")
 
 
 # ------------------------------------------------------------------------------------ settings
@@ -91,6 +92,7 @@ def _loop_settings() -> dict:
       eval_samples=0, eval_batch_size=0,
       eval_greedy=False,          # also greedy pass@1
       checkpoint_every=0,         # steps between checkpoints (0: the last step only)
+      checkpoint_seconds=0.0,     # also one once this much wall time has passed (0: off)
       log_every=10, seed=0, progress=True,
       collapse_window=25)         # smjax.train.guards.Collapse (0: off)
 
@@ -143,7 +145,8 @@ def _check_settings(what: str, s: mlc.ConfigDict) -> None:
     if s[key] < 1:
       raise ValueError(f"{what}: {key}={s[key]} must be >= 1")
   for key in ("max_new_tokens", "eval_every", "eval_samples", "eval_batch_size", "seed",
-              "checkpoint_every", "collapse_window", "warmup_steps", "clip_norm"):
+              "checkpoint_every", "checkpoint_seconds", "collapse_window", "warmup_steps",
+              "clip_norm"):
     if key in s and s[key] < 0:
       raise ValueError(f"{what}: {key}={s[key]} must be >= 0")
   for key in ("learning_rate", "temperature"):
@@ -630,7 +633,8 @@ def _run(what: str, kind: str, s: mlc.ConfigDict, model: Model, domains: dict[st
   state = new_train_state(jax.tree.map(jnp.copy, model.params), tx, None, cfg)
   loop = RLLoopConfig(steps=s.steps, samples_per_prompt=s.samples_per_prompt,
                       temperature=s.temperature, eval_every_steps=s.eval_every,
-                      log_every=s.log_every, checkpoint_every=s.checkpoint_every, seed=s.seed,
+                      log_every=s.log_every, checkpoint_every=s.checkpoint_every,
+                      checkpoint_seconds=s.checkpoint_seconds, seed=s.seed,
                       progress=s.progress, collapse_window=s.collapse_window)
   run_config = {"run": kind, "settings": s.to_dict(), "model": model.source,
                 "max_new_tokens": max_new, "domains": sorted(domains)}

@@ -688,6 +688,38 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   assert not full.reached and full.stop_point is None and len(full.curve) == 11
 
 
+def test_a_phase_also_saves_on_the_clock_where_its_steps_are_slow(monkeypatch):
+  """loop.checkpoint_seconds: a save once that much wall time has passed since the last save (or
+  the start), beside the step cadence; the clock restarts at every save, either cadence's. A
+  scripted run whose clock reads 10 s more at every look (construction, then once a step)."""
+  from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
+  ex = types.SimpleNamespace(domain="math", prompt="q")
+  ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2), num_samples=2), [ex, ex],
+                        np.array([0.0, 1.0], np.float32))
+  monkeypatch.setattr(loop_lib, "rollout", lambda *a, **k: (ro, []))
+  monkeypatch.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
+
+  def saves_with(**fields):
+    ticks, saves = itertools.count(0, 10), []
+    monkeypatch.setattr(loop_lib.time, "monotonic", lambda: float(next(ticks)))
+    cfg = loop_lib.RLLoopConfig(steps=10, samples_per_prompt=2, progress=False, **fields)
+    loop_lib.run_rl(types.SimpleNamespace(params="p"), name="joint_grpo", loop=cfg,
+                    step=lambda state, batch: (state, {"loss": 0.0, "finite": 1.0}),
+                    make_batch=lambda _: (None, [], {}), sampler=None, tokenizer=None,
+                    prompts=itertools.repeat([ex]), verify=None,
+                    save=lambda *a: saves.append(a[0]))
+    return saves
+
+  # Step k looks at 10k s: 30 s is past 25 (save), 60 s is 30 past it, 90 s; the cap's step saves.
+  assert saves_with(checkpoint_seconds=25) == [3, 6, 9, 10]
+  # With every 4 steps too: 30 s (clock), step 4 at 40 s (steps: the clock restarts), 70 s
+  # (clock), step 8 (steps), the cap.
+  assert saves_with(checkpoint_seconds=25, checkpoint_every=4) == [3, 4, 7, 8, 10]
+  assert saves_with() == [10]
+  with pytest.raises(ValueError, match="checkpoint_seconds=-1"):
+    loop_lib.RLLoopConfig(steps=1, samples_per_prompt=1, checkpoint_seconds=-1)
+
+
 def test_a_plateau_holds_once_no_domain_has_a_new_best_for_its_window():
   """Plateau(3, 0.01) on a scripted stop-set curve, by hand: it holds at the first point whose
   last three evaluations lifted neither domain more than 0.01 above its best before them."""

@@ -246,6 +246,11 @@ def test_sft_stops_on_a_signal_at_a_save_and_resumes_exactly():
   got, _ = run_sft(state=saved, examples_iter=s2, ledger=led, start_step=done, **kw)
   assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(want.params),
                                                   jax.tree.leaves(got.params)))
+  # On the clock (SaveCadence): a step takes longer than a nanosecond, so every step saves.
+  clocked = []
+  run_sft(state=fresh(), examples_iter=stream(), ledger=FlopLedger(), checkpoint_seconds=1e-9,
+          save=lambda done, st: clocked.append(done), **kw)
+  assert clocked == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_too_long_training_record_is_refused_at_start_naming_file_and_line(tmp_path):

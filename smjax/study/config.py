@@ -27,7 +27,8 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # off the recovery arms' whole curves by the report, like its levels; the report's levels and
 # intervals are computed from the curves (its reference arm and target fraction are not neutral:
 # the experts and the external arm stop on them).
-RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "name", "report.bootstrap",
+RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "checkpoint_seconds", "name",
+                      "report.bootstrap",
                       "report.confidence", "report.levels", "band", "self_teacher.min_loss",
                       "self_teacher.recover_target_fraction", "collapse_window", "seeds",
                       "phases", "wandb", "external.control", "parallel_phases")
@@ -100,6 +101,10 @@ def study_defaults() -> mlc.ConfigDict:
   # defaulting to the study workdir's name. WANDB_MODE=offline logs without the network.
   c.wandb = mlc.ConfigDict(dict(project="", entity="", group=""))
   c.checkpoint_every = 200        # RL steps between checkpoints of a running phase
+  # ...and a checkpoint once this much wall time has passed since the last (0: off), so that a
+  # process killed where steps are slow (seeds and phases side by side on 2 cores) loses at most
+  # this much of a phase. A save of the toy's state takes well under a second.
+  c.checkpoint_seconds = 600.0
   # Phases of a seed that depend on none of each other (the experts; the MOPD runs from each set
   # of their checkpoints) run up to this many at a time, in threads: the same results in less
   # wall time where cores would idle (the toy model keeps about one busy; `make demo` runs 2).
@@ -333,8 +338,8 @@ def validate(c: mlc.ConfigDict) -> None:
   if int(c.parallel_phases) < 1:
     raise ValueError(f"config.parallel_phases={c.parallel_phases} must be >= 1 (1: one phase "
                      "at a time)")
-  for field in ("log_every", "checkpoint_every", "collapse_window"):
-    if int(c[field]) < (1 if field == "log_every" else 0):
+  for field in ("log_every", "checkpoint_every", "checkpoint_seconds", "collapse_window"):
+    if float(c[field]) < (1 if field == "log_every" else 0):
       raise ValueError(f"config.{field}={c[field]} must be >= "
                        f"{1 if field == 'log_every' else 0}")
   if (c.eval.every_steps < 0 or c.eval.every_flops < 0 or c.eval.points < 0

@@ -142,7 +142,8 @@ def phase_base(shared: SeedShared, workdir: str, spec: PhaseSpec = BASE) -> Phas
 
 def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state, step, stream,
          seq_len: int, num_steps: int, writer):
-  """An SFT phase's training, checkpointed every config.checkpoint_every steps under
+  """An SFT phase's training, checkpointed every config.checkpoint_every steps (and
+  config.checkpoint_seconds of wall time) under
   `<phase>/checkpoints/` and resumed exactly from the latest one (state, prompt stream, FLOP
   ledger); a SIGTERM saves and stops as in an RL phase. Returns (state, ledger)."""
   c = shared.config
@@ -165,6 +166,7 @@ def _sft(shared: SeedShared, workdir: str, spec: PhaseSpec, *, phase: str, state
                        ledger=ledger, writer=writer, log_every=c.log_every,
                        progress=c.progress, start_step=start,
                        save=save, checkpoint_every=c.checkpoint_every,
+                       checkpoint_seconds=float(c.checkpoint_seconds),
                        should_stop=guard.should_stop)
     stopped = guard.should_stop()
   if stopped:
@@ -271,6 +273,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
         eval_every_steps=c.eval.every_steps, eval_every_flops=every / eval_refine,
         eval_growth=float(c.eval.growth),
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
+        checkpoint_seconds=float(c.checkpoint_seconds),
         seed=shared.seed * 7919 + stream_seed, progress=c.progress,
         # A collapsed policy is a result of the route that ran it: the phase ends there and the
         # report says so (config.collapse_window=0 runs on to the cap instead).

@@ -50,6 +50,31 @@ def to_host(metrics) -> dict[str, float]:
   return {k: float(np.asarray(v)) for k, v in jax.device_get(metrics).items()}
 
 
+# ---------------------------------------------------------------------------- checkpoints
+
+class SaveCadence:
+  """When a running phase saves: every `every_steps` steps done (0: off) and whenever
+  `every_seconds` of wall time have passed since its last save or its start (0: off). The clock
+  bounds what a killed process loses where steps are slow (phases side by side on few cores: a
+  step-count cadence alone lost 175 MOPD steps of three seeds' runs, about 40 minutes, when a
+  session ended between two of its saves); saving changes nothing a resumed run computes."""
+
+  def __init__(self, every_steps: int = 0, every_seconds: float = 0.0,
+               clock: Callable[[], float] | None = None):
+    self.every_steps, self.every_seconds = every_steps, every_seconds
+    self.clock = clock or time.monotonic
+    self.last = self.clock()
+
+  def due(self, done: int) -> bool:
+    """Whether a save is due after `done` steps; a True resets the clock (the caller saves)."""
+    now = self.clock()
+    if ((self.every_steps and done % self.every_steps == 0) or
+        (self.every_seconds and now - self.last >= self.every_seconds)):
+      self.last = now
+      return True
+    return False
+
+
 # ------------------------------------------------------------------------------------- SFT
 
 def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Iterator[Sequence],
@@ -57,17 +82,19 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
             writer: MetricsWriter | None = None, log_every: int = 50, progress: bool = True,
             evaluate: Callable | None = None, eval_every: int = 0, start_step: int = 0,
             save: Callable[[int, Any], None] | None = None, checkpoint_every: int = 0,
-            should_stop: Callable[[], bool] | None = None):
+            checkpoint_seconds: float = 0.0, should_stop: Callable[[], bool] | None = None):
   """Supervised warm-up on gold solutions. FLOPs go to `phase` (e.g. base/sft). Returns (state,
   curve of {"step", "accuracy"} when `evaluate` is given every `eval_every` steps).
 
   start_step: the step a resumed run continues from (its state, stream and ledger restored).
-  save: `(steps done, state)`, every `checkpoint_every` steps, at the end and on a stop.
+  save: `(steps done, state)`, every `checkpoint_every` steps, after every `checkpoint_seconds`
+  of wall time (SaveCadence), at the end and on a stop.
   should_stop: polled after every step (e.g. a SIGTERM flag): a stop saves and returns early
   (the caller asks should_stop again to tell).
   progress: a progress bar where stderr is a terminal; else a MetricLines line on stdout every
   `log_every` steps (tokens/s: the batch's positions over the steps' wall time)."""
   pending, curve = None, []
+  cadence = SaveCadence(checkpoint_every, checkpoint_seconds)
   bar_on = progress_bar_shown(progress)
   lines = MetricLines(phase, num_steps, log_every, on=not bar_on)
   flops = lambda: ledger.namespace_total(phase.partition("/")[0])  # noqa: E731
@@ -97,8 +124,7 @@ def run_sft(*, phase: str, state, step: steps_lib.JittedStep, examples_iter: Ite
       curve.append({"step": i + 1, "accuracy": fields["accuracy"]})
       lines.evaluation(i + 1, fields, flops=flops())
     stopped = should_stop is not None and should_stop()
-    if save is not None and (stopped or i + 1 == num_steps or
-                             (checkpoint_every and (i + 1) % checkpoint_every == 0)):
+    if save is not None and (cadence.due(i + 1) or stopped or i + 1 == num_steps):
       save(i + 1, state)
     if stopped:
       break
@@ -234,6 +260,7 @@ class RLLoopConfig:
   eval_growth: float = 0.0
   log_every: int = 10
   checkpoint_every: int = 0     # steps between `save` calls (the last step and a stop always save)
+  checkpoint_seconds: float = 0.0   # also save once this much wall time has passed (0: off)
   seed: int = 0
   progress: bool = True
   collapse_window: int = 25     # steps a collapse sign must last to stop the run (0: no check)
@@ -245,8 +272,8 @@ class RLLoopConfig:
     for name in ("steps", "samples_per_prompt", "log_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 1")
-    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every", "collapse_window",
-                 "eval_growth"):
+    for name in ("eval_every_steps", "eval_every_flops", "checkpoint_every", "checkpoint_seconds",
+                 "collapse_window", "eval_growth"):
       if getattr(self, name) < 0:
         raise ValueError(f"RLLoopConfig.{name}={getattr(self, name)} must be >= 0 (0: off)")
 
@@ -309,7 +336,8 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
   flops_offset: training FLOPs spent before this run (an arm's earlier phases), for the grid.
   fix_eval_every: when `loop.eval_every_flops` is 0, called once after the first step with its
     training FLOPs; returns the FLOP interval of the evaluation grid from then on.
-  save: `(step, state, progress)`, every `loop.checkpoint_every` steps, at the end and on a stop.
+  save: `(step, state, progress)`, every `loop.checkpoint_every` steps, after every
+    `loop.checkpoint_seconds` of wall time (SaveCadence), at the end and on a stop.
   should_stop: polled after every step (e.g. a SIGTERM flag); a stop saves and returns early.
   stop_at: `(curve point) -> bool`, asked after every evaluation: the first point that meets it
     (`reached`, `stop_point`), e.g. a distillation that has reached its target, ends the run once
@@ -327,6 +355,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
   time, rollout and update) and one per evaluation.
   """
   prog = progress if progress is not None else RLProgress()
+  cadence = SaveCadence(loop.checkpoint_every, loop.checkpoint_seconds)
   every = loop.eval_every_flops
   if progress is None:
     prog.next_eval_flops = (_next_eval(every, flops_offset, loop.eval_growth, flops_offset)
@@ -445,8 +474,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
       prog.next_eval_flops = min(prog.next_eval_flops, _next_eval(every, training()))
     stopped = should_stop is not None and should_stop()
     ended = finished or prog.collapsed is not None
-    if save is not None and (stopped or ended or done == loop.steps or
-                             (loop.checkpoint_every and done % loop.checkpoint_every == 0)):
+    if save is not None and (cadence.due(done) or stopped or ended or done == loop.steps):
       save(done, state, prog)
     if stopped or ended:
       break
