@@ -54,6 +54,26 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
     assert len(c.seeds) >= 3 and c.band.check
 
 
+def test_the_recorded_cells_are_still_the_cells_the_code_defines():
+  """Every cell recorded in docs/regimes/records ran under the config its code defines today (up to
+  run-neutral fields), so a change to a cell that has run (its bars, say) is caught here, not as a
+  refused resume; the cells run after those carry the finer bars."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  records = os.path.join(ROOT, "docs", "regimes", "records")
+  recorded = sorted(d for d in os.listdir(records) if os.path.isdir(os.path.join(records, d)))
+  assert recorded
+  for name in recorded:
+    with open(os.path.join(records, name, "config.json"), encoding="utf-8") as f:
+      old = study_config.upgrade_old_config(json.load(f))
+    assert config_diff(old, regimes.cell_config(name).to_dict(),
+                       study_config.RUN_NEUTRAL_FIELDS) == [], name
+    assert tuple(old["experts"]["bars"]) == (0.75, 0.9, 0.95, 1.0)
+  for name in ("strong_to_weak", "sparse"):
+    assert regimes.cell_config(name).experts.bars == regimes.FINER_BARS
+    assert 0.925 in regimes.FINER_BARS
+
+
 def test_an_unknown_or_missing_cell_is_one_line():
   with pytest.raises(ValueError, match=r"give exactly one cell of \['shared_even'"):
     _regimes_config("tiny")
