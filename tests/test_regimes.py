@@ -168,7 +168,7 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
   from smjax.study import render
   s = lambda m, lo, hi, per: {"mean": m, "lo": lo, "hi": hi, "per_seed": per}  # noqa: E731
   cell = {"cell": "disjoint_even", "skill": "disjoint", "difficulty": "even", "extra": "",
-          "about": "math and strings", "seeds": [0, 1, 2], "status": "done",
+          "about": "math and strings", "seeds": [0, 1, 2], "status": "done", "level": 0.9,
           "mean": {"saving": s(-0.5, -0.9, -0.1, [-0.4, -0.5, -0.6]),
                    "distillation_share": s(0.25, 0.2, 0.3, [0.2, 0.25, 0.3]),
                    "verdict": "(a) at 90% of joint_grpo's gain (mean over domains): dearer"},
@@ -198,7 +198,48 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
   assert ("- **disjoint_even**: expert_math on seed 1 at step 82 (no sample has scored and the "
           "gradient has been 0 for 25 steps)") in out
   assert "Not started: sparse." in out
+  # The rule's reading: the better route's levels split the seeds' signs.
+  assert ("By the map's rule (at 90 % of the gain, on the mean over domains; the rule is in "
+          "docs/regimes.md): favours splitting: none; favours joint GRPO: none; favours joint "
+          "GRPO at the bars' resolution: none; unresolved: disjoint_even.") in out
+  assert ("distinguishable. By the map's rule: **unresolved** (the seeds differ in sign: on joint "
+          "GRPO's levels 0 cheaper, 3 dearer; on the better route's 1 cheaper, 2 dearer; more "
+          "seeds would settle it)") in out
   assert render.update_docs(out) == out
+
+
+def test_a_cell_is_read_by_the_maps_rule():
+  """verdicts.cell_reading on hand-built rows, one per outcome: splitting favoured (every seed
+  cheaper on the better route's levels, a censored "≥ +8 %" seed among them); joint GRPO favoured
+  (dearer on every seed on both readings, the bars' bound below zero, a seed with no bound);
+  the same with a bound at or above zero on one seed (unresolved); a row from before the better
+  route's reading and the bound (joint GRPO at the bars' resolution at best); seeds of both
+  signs, and a censored seed whose bound leaves its sign open (unresolved)."""
+  from smjax.study import verdicts  # pylint: disable=import-outside-toplevel
+  s = lambda per, sides=None: ({"per_seed": per} | ({"per_seed_bound": sides}  # noqa: E731
+                                                     if sides else {}))
+  split = {"mean": {"saving": s([-0.1, 0.2, -0.3])},
+           "mean_best": {"saving": s([0.1, 0.2, 0.08], [0, 0, 1])}}
+  assert verdicts.cell_reading(split)[0] == verdicts.FAVOURS_SPLIT
+  joint = {"mean": {"saving": s([-0.5, -0.2, -0.4], [0, 0, -1]),
+                    "saving_finer_bars": s([-0.3, -0.05, None])},
+           "mean_best": {"saving": s([-0.5, -0.2, -0.4], [0, 0, -1]),
+                         "saving_finer_bars": s([-0.3, -0.05, None])}}
+  assert verdicts.cell_reading(joint)[0] == verdicts.FAVOURS_JOINT
+  joint["mean_best"]["saving_finer_bars"] = s([-0.3, 0.0, None])
+  reading, why = verdicts.cell_reading(joint)
+  assert reading == verdicts.UNRESOLVED and "could reach zero on 1" in why
+  old = {"mean": {"saving": s([-0.5, -0.2, -0.4])}}
+  reading, why = verdicts.cell_reading(old)
+  assert reading == verdicts.JOINT_AT_BARS and "predates the better route's levels" in why
+  mixed = {"mean": {"saving": s([-0.5, -0.2, -0.4])},
+           "mean_best": {"saving": s([-0.5, -0.2, 0.08], [0, 0, 1])}}
+  reading, why = verdicts.cell_reading(mixed)
+  assert reading == verdicts.UNRESOLVED and "1 cheaper, 2 dearer" in why
+  opened = {"mean": {"saving": s([-0.5, -0.2, -0.4], [0, 0, 1])}}   # "≥ -40 %": sign open
+  reading, why = verdicts.cell_reading(opened)
+  assert reading == verdicts.UNRESOLVED and "1 open" in why
+  assert verdicts.cell_reading({})[0] == verdicts.UNRESOLVED
 
 
 def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_path, capsys):
@@ -214,7 +255,7 @@ def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_pat
       json.dumps(regimes.cell_config("interfering_even", tiny=True).to_dict()))
   s = lambda m, lo, hi, per: {"mean": m, "lo": lo, "hi": hi, "per_seed": per}  # noqa: E731
   done = {"cell": "disjoint_even", "skill": "disjoint", "difficulty": "even", "extra": "",
-          "about": "math and strings", "seeds": [0, 1, 2], "status": "done",
+          "about": "math and strings", "seeds": [0, 1, 2], "status": "done", "level": 0.9,
           "mean": {"saving": s(-0.5, -0.9, -0.1, [-0.4, -0.5, -0.6]), "verdict": "(a) dearer"},
           "teachers": [], "collapsed": []}
   stale = {"cell": "interfering_even", "skill": "interfering", "difficulty": "even",

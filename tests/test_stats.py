@@ -222,6 +222,23 @@ def test_censored_values_are_bounds_and_few_censored_replicates_keep_the_interva
   two = stats.summarise(lambda s, idx: {"z": stats.Bound(3.0, 1) if s else 1.0},
                         stats.identity({0: {}, 1: {}}), [], 0.9)["z"]
   assert two["bound"] == 1 and two["censored_seeds"] == 1 and math.isnan(two["lo"])
+  assert two["per_seed"] == [1.0, 3.0] and two["per_seed_bound"] == [0, 1]
+  assert "per_seed_bound" not in x   # no seed censored at the point estimate: left out
+
+
+def test_a_censored_seed_has_a_sign_only_where_its_bound_fixes_it():
+  """stats.seed_signs, by hand: an exact value's sign; "≥ +8 %" cheaper, "≥ -20 %" open; "≤ -30 %"
+  dearer, "≤ +15 %" open; nan and 0 open; a summary from before per_seed_bound reads as exact.
+  The verdict's seed count follows it and names the open seeds."""
+  from smjax.study import verdicts  # pylint: disable=import-outside-toplevel
+  v = {"per_seed": [0.3, -0.2, 0.08, -0.2, -0.3, 0.15, math.nan, 0.0],
+       "per_seed_bound": [0, 0, 1, 1, -1, -1, 0, 0]}
+  assert stats.seed_signs(v) == [1, -1, 1, None, -1, None, None, None]
+  assert stats.seed_signs({"per_seed": [0.3, -0.2]}) == [1, -1]
+  assert stats.seed_signs({}) == []
+  assert verdicts._agree(v, 0) == "; 2 of 8 seeds cheaper, 2 dearer, 2 censored (sign open)"
+  assert verdicts._agree(v, -1) == "; 2 of 8 seeds agree, 2 censored (sign open)"
+  assert verdicts._agree({"per_seed": [0.1, -0.2, -0.3]}, -1) == "; 2 of 3 seeds agree"
 
 
 def test_nan_and_infinite_seeds_are_counted():

@@ -214,7 +214,8 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
   "censored_seeds", "censored" (share of replicates with a censored value), "undefined"
   (replicates where it is nan), "boot_lo", "boot_hi" (the percentile bootstrap, several seeds),
   "std" (over seeds), "n", "missing" (seeds where it is nan or infinite), "per_seed" (each seed's
-  value on all its prompts, in the order of `point`'s seeds)}}."""
+  value on all its prompts, in the order of `point`'s seeds), and where any seed's value is
+  censored "per_seed_bound" (each seed's side, as "bound")}}."""
 
   def over(draw):
     seeds, idx = draw
@@ -254,6 +255,22 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
                  "std": float(np.std(finite, ddof=1)) if finite.size > 1 else 0.0,
                  "n": len(xs), "missing": int(x.size - finite.size), "confidence": confidence,
                  "per_seed": [float(v) for v in x]}
+    if any(side_of(v) for v in xs):
+      out[name]["per_seed_bound"] = [side_of(v) for v in xs]
+  return out
+
+
+def seed_signs(v: Mapping) -> list[int | None]:
+  """Each seed's sign of a summarised figure (`summarise`'s dict, e.g. a saving): +1 or -1, or
+  None where it is unknown: a censored value whose bound does not fix it ("≥ -20 %" or
+  "≤ +15 %"), nan, or exactly 0. A summary written before "per_seed_bound" existed reads as
+  exact on every seed."""
+  xs = [number(x) for x in v.get("per_seed") or []]
+  sides = v.get("per_seed_bound") or [0] * len(xs)
+  out = []
+  for x, side in zip(xs, sides):
+    sign = 1 if x > 0 else -1 if x < 0 else None   # nan compares False both ways
+    out.append(sign if side == 0 or sign == side else None)
   return out
 
 

@@ -72,14 +72,18 @@ def _side(v: dict) -> int:
 
 
 def _agree(v: dict, side: int) -> str:
-  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values)."""
-  xs = [stats.number(x) for x in v.get("per_seed") or []]
-  if len(xs) < 2:
+  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values); a
+  censored seed counts where its bound fixes its sign (stats.seed_signs), and the seeds whose
+  sign it leaves open are named as such."""
+  signs = stats.seed_signs(v)
+  if len(signs) < 2:
     return ""
+  n = len(signs)
+  open_ = sum(s is None and side_ != 0 for s, side_ in zip(signs, v.get("per_seed_bound") or []))
+  tail = f", {open_} censored (sign open)" if open_ else ""
   if side == 0:
-    pos, neg = sum(x > 0 for x in xs), sum(x < 0 for x in xs)
-    return f"; {pos} of {len(xs)} seeds cheaper, {neg} dearer"
-  return f"; {sum(x * side > 0 for x in xs)} of {len(xs)} seeds agree"
+    return (f"; {signs.count(1)} of {n} seeds cheaper, {signs.count(-1)} dearer" + tail)
+  return f"; {signs.count(side)} of {n} seeds agree" + tail
 
 
 def collapse_text(arm: str, c: dict) -> str:
@@ -142,6 +146,51 @@ def claim_a_head(level: float, of: str | None, ref: str, where: str) -> str:
   """The start of claim (a)'s verdict line for one reading at `level` (what a map finds it by)."""
   whose = of or f"{ref}'s"
   return f"(a) at {100 * level:.0f}% of {whose} gain ({where})"
+
+
+# How a regime map reads a cell (docs/regimes.md, "How the map will be read"; fixed before the
+# map's last cells had run): at the report's level, on the mean over domains.
+FAVOURS_SPLIT, FAVOURS_JOINT = "favours splitting", "favours joint GRPO"
+JOINT_AT_BARS, UNRESOLVED = "favours joint GRPO at the bars' resolution", "unresolved"
+
+
+def cell_reading(row: dict) -> tuple[str, str]:
+  """A map cell's row (smjax.study.regimes.cell_row) read by the map's rule: (reading, why).
+
+  Splitting is favoured when split-then-merge is cheaper on every seed on the better route's
+  levels (`mean_best`; a row without them, from before they existed, on joint GRPO's); joint
+  GRPO when split-then-merge is dearer on every seed on both readings and its bound for expert
+  stops between the bars (`saving_finer_bars`) stays below zero on every seed that has one; a row
+  from before that bound existed is dearer "at the bars' resolution" at best. A censored seed
+  counts where its bound fixes its sign (stats.seed_signs). Anything else is unresolved."""
+  mean, best = row.get("mean") or {}, row.get("mean_best") or {}
+  if "saving" not in mean:
+    return UNRESOLVED, "no saving at the level"
+  readings = [r for r in (mean, best) if "saving" in r]
+  signs = [stats.seed_signs(r["saving"]) for r in readings]
+  n = len(signs[0])
+  on_best = stats.seed_signs((best or mean)["saving"])
+  whose = "the better route's levels" if best else "joint GRPO's levels"
+  if on_best and all(x == 1 for x in on_best):
+    return FAVOURS_SPLIT, f"cheaper on {n} of {n} seeds on {whose}"
+  if n and all(x == -1 for sg in signs for x in sg):
+    bounds = [r.get("saving_finer_bars") for r in readings]
+    if any(b is None for b in bounds):
+      return JOINT_AT_BARS, (f"dearer on {n} of {n} seeds on {whose}; the row predates "
+                             + ("" if best else "the better route's levels and ")
+                             + "the bound for stops between the bars")
+    crossing = sorted({i for b in bounds for i, x in enumerate(b.get("per_seed") or [])
+                       if not stats.number(x) < 0 and math.isfinite(stats.number(x))})
+    if not crossing:
+      return FAVOURS_JOINT, (f"dearer on {n} of {n} seeds on both readings, and with stops "
+                             "anywhere between the bars")
+    return UNRESOLVED, (f"dearer on {n} of {n} seeds at the bars, but stops between them could "
+                        f"reach zero on {len(crossing)} (finer bars would settle it)")
+  names = ("joint GRPO's levels", "the better route's")
+  counts = "; ".join(f"on {name} {sg.count(1)} cheaper, {sg.count(-1)} dearer"
+                     + (f", {sg.count(None)} open" if None in sg else "")
+                     for name, sg in zip(names, signs))
+  return UNRESOLVED, f"the seeds differ in sign: {counts}; more seeds would settle it"
 
 
 def verdicts(report: dict) -> list[str]:
