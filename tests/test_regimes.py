@@ -240,6 +240,25 @@ def test_a_cell_is_read_by_the_maps_rule():
   reading, why = verdicts.cell_reading(opened)
   assert reading == verdicts.UNRESOLVED and "1 open" in why
   assert verdicts.cell_reading({})[0] == verdicts.UNRESOLVED
+  # The map's plot labels each cell with its reading and draws censored seeds as triangles.
+  import io  # pylint: disable=import-outside-toplevel
+  from unittest import mock  # pylint: disable=import-outside-toplevel
+  import matplotlib.axes  # pylint: disable=import-outside-toplevel
+  rows = [{"cell": n, **r} for n, r in (("a", split), ("b", joint), ("c", old), ("d", mixed))]
+  buf, ticks, markers = io.BytesIO(), [], []
+  real_ticks, real_plot = matplotlib.axes.Axes.set_yticks, matplotlib.axes.Axes.plot
+  with mock.patch.object(matplotlib.axes.Axes, "set_yticks", autospec=True,
+                         side_effect=lambda ax, t, labels, **k: ticks.extend(labels)
+                         or real_ticks(ax, t, labels, **k)), \
+       mock.patch.object(matplotlib.axes.Axes, "plot", autospec=True,
+                         side_effect=lambda ax, *a, **k: markers.append(a[2] if len(a) > 2
+                                                                        else None)
+                         or real_plot(ax, *a, **k)):
+    regimes.plot_map({"cells": rows}, buf)
+  assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert ticks == ["a\nfavours splitting", "b\nunresolved", "c\nfavours joint GRPO (at the bars)",
+                   "d\nunresolved"]
+  assert ">" in markers and "<" in markers and "x" in markers
 
 
 def test_a_map_keeps_an_earlier_maps_rows_for_the_cells_its_folder_lacks(tmp_path, capsys):

@@ -45,7 +45,8 @@ import numpy as np
 from smjax import paths
 from smjax.checkpoint_meta import config_diff, read_json
 from smjax.study import stats
-from smjax.study.verdicts import FRONTIER_READINGS, claim_a_head
+from smjax.study.verdicts import (FAVOURS_JOINT, FAVOURS_SPLIT, FRONTIER_READINGS, JOINT_AT_BARS,
+                                  UNRESOLVED, cell_reading, claim_a_head)
 
 SKILLS = ("shared", "disjoint", "interfering")
 DIFFICULTIES = ("even", "uneven")
@@ -395,16 +396,18 @@ def _jsonable(x):
 
 
 def plot_map(data: dict, path) -> None:
-  """Each cell's saving at the level (mean over domains) with its interval and its seeds' values,
-  the level read as a share of joint GRPO's gain and, just below it, of the better route's; 0
-  (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file
-  object (PNG)."""
+  """Each cell's saving at the level (mean over domains) with its interval and its seeds' values
+  (a censored seed as a triangle pointing where its true value lies), the level read as a share
+  of joint GRPO's gain and, just below it, of the better route's; each cell labelled with its
+  reading by the map's rule (verdicts.cell_reading); 0 (the routes cost the same) and the
+  paper's 42 % marked. `path`: a file name or a binary file object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   rows = [r for r in data["cells"] if r.get("mean")]
-  fig, ax = plt.subplots(figsize=(7, 0.6 * max(3, len(rows)) + 1.4))
-  labels = {"mean": "levels of joint GRPO's gain", "mean_best": "levels of the better route's"}
+  fig, ax = plt.subplots(figsize=(8, 0.6 * max(3, len(rows)) + 1.8))
+  labels = {"mean": "levels of joint GRPO's gain", "mean_best": "levels of the better route's",
+            0: "a seed", 1: "a censored seed: at least", -1: "a censored seed: at most"}
   for i, r in enumerate(rows):
     for on, dy, c in (("mean", 0.0, "C0"), ("mean_best", -0.25, "C3")):
       if "saving" not in (r.get(on) or {}):
@@ -416,14 +419,20 @@ def plot_map(data: dict, path) -> None:
       if math.isfinite(m):
         ax.plot([100 * m], [i + dy], "o", color=c, label=labels.pop(on, None))
       xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
-      ax.plot([x for x in xs if math.isfinite(x)], [i + dy] * sum(map(math.isfinite, xs)), "x",
-              color="C1", ms=5)
+      sides = s.get("per_seed_bound") or [0] * len(xs)
+      for side, marker in ((0, "x"), (1, ">"), (-1, "<")):   # a censored seed: where it points
+        at = [x for x, sd in zip(xs, sides) if sd == side and math.isfinite(x)]
+        if at:
+          ax.plot(at, [i + dy] * len(at), marker, color="C1", ms=5, label=labels.pop(side, None))
   ax.axvline(0, color="k", lw=0.8)
   ax.axvline(42, color="C2", ls="--", lw=0.8, label="the paper's 42 %")
-  ax.set_yticks(range(len(rows)), [r["cell"] for r in rows])
+  short = {FAVOURS_SPLIT: "favours splitting", FAVOURS_JOINT: "favours joint GRPO",
+           JOINT_AT_BARS: "favours joint GRPO (at the bars)", UNRESOLVED: "unresolved"}
+  ax.set_yticks(range(len(rows)), [f"{r['cell']}\n{short[cell_reading(r)[0]]}" for r in rows],
+                fontsize=8)
   ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)")
-  ax.set_title("The regime map: o mean [interval], x seeds")
-  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8)
+  ax.set_title("The regime map: each cell's mean [interval] and its seeds")
+  ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110, format="png")
   plt.close(fig)
