@@ -67,8 +67,8 @@ FORMAT_VERSION = 1
 # dotted field path equal to it, ending in ".<entry>", or under "<entry>." (a whole sub-config).
 DEFAULT_RUN_NEUTRAL_FIELDS: tuple[str, ...] = (
     "workdir", "logdir", "log_dir", "log_every", "eval_every", "checkpoint_every",
-    "checkpoint_seconds", "checkpoint_max_to_keep", "checkpoint_keep_best", "async_checkpointing", "progress_bar",
-    "tensorboard", "profile", "profile_steps", "verbose", "notes",
+    "checkpoint_seconds", "checkpoint_max_to_keep", "checkpoint_keep_best", "async_checkpointing",
+    "progress_bar", "tensorboard", "profile", "profile_steps", "verbose", "notes",
 )
 
 _TMP_DIR = re.compile(r"^(?:.*_)?(\d+)\.orbax-checkpoint-tmp")

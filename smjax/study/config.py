@@ -28,10 +28,10 @@ PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
 # intervals are computed from the curves (its reference arm and target fraction are not neutral:
 # the experts and the external arm stop on them).
 RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "checkpoint_seconds", "name",
-                      "report.bootstrap",
-                      "report.confidence", "report.levels", "band", "self_teacher.min_loss",
-                      "self_teacher.recover_target_fraction", "collapse_window", "seeds",
-                      "phases", "wandb", "external.control", "parallel_phases")
+                      "report.bootstrap", "report.confidence", "report.levels", "band",
+                      "self_teacher.min_loss", "self_teacher.recover_target_fraction",
+                      "collapse_window", "seeds", "phases", "wandb", "external.control",
+                      "parallel_phases")
 
 
 # Fields added to the schema after studies were run, each with the value that does what a config

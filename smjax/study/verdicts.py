@@ -79,7 +79,8 @@ def _agree(v: dict, side: int) -> str:
   if len(signs) < 2:
     return ""
   n = len(signs)
-  open_ = sum(s is None and side_ != 0 for s, side_ in zip(signs, v.get("per_seed_bound") or []))
+  open_ = sum(s is None and bound != 0
+              for s, bound in zip(signs, v.get("per_seed_bound") or []))
   tail = f", {open_} censored (sign open)" if open_ else ""
   if side == 0:
     return (f"; {signs.count(1)} of {n} seeds cheaper, {signs.count(-1)} dearer" + tail)

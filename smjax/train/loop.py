@@ -56,7 +56,7 @@ class SaveCadence:
   """When a running phase saves: every `every_steps` steps done (0: off) and whenever
   `every_seconds` of wall time have passed since its last save or its start (0: off). The clock
   bounds what a killed process loses where steps are slow (phases side by side on few cores: a
-  step-count cadence alone lost 175 MOPD steps of three seeds' runs, about 40 minutes, when a
+  step-count cadence alone lost 150-175 steps of two seeds' MOPD runs, about 40 minutes, when a
   session ended between two of its saves); saving changes nothing a resumed run computes."""
 
   def __init__(self, every_steps: int = 0, every_seconds: float = 0.0,
