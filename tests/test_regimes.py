@@ -57,7 +57,7 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
 def test_the_recorded_cells_are_still_the_cells_the_code_defines():
   """Every cell recorded in docs/regimes/records ran under the config its code defines today (up to
   run-neutral fields), so a change to a cell that has run (its bars, say) is caught here, not as a
-  refused resume; the cells run after those carry the finer bars."""
+  refused resume; the cells run after those carry the finer bars and the FLOP-spanning plateau."""
   import json  # pylint: disable=import-outside-toplevel
   from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
   records = os.path.join(ROOT, "docs", "regimes", "records")
@@ -69,9 +69,15 @@ def test_the_recorded_cells_are_still_the_cells_the_code_defines():
     assert config_diff(old, regimes.cell_config(name).to_dict(),
                        study_config.RUN_NEUTRAL_FIELDS) == [], name
     assert tuple(old["experts"]["bars"]) == (0.75, 0.9, 0.95, 1.0)
+    assert old["mopd"]["plateau_flops_fraction"] == 0.0   # filled in for configs without it
   for name in ("strong_to_weak", "sparse"):
-    assert regimes.cell_config(name).experts.bars == regimes.FINER_BARS
-    assert 0.925 in regimes.FINER_BARS
+    c = regimes.cell_config(name)
+    assert c.experts.bars == regimes.FINER_BARS and 0.925 in regimes.FINER_BARS
+    assert c.mopd.plateau_flops_fraction == 0.25
+  bad = regimes.cell_config("sparse")
+  bad.mopd.plateau_flops_fraction = -0.5
+  with pytest.raises(ValueError, match="plateau_flops_fraction=-0.5 >= 0"):
+    study_config.validate(bad)
 
 
 def test_an_unknown_or_missing_cell_is_one_line():

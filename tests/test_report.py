@@ -743,6 +743,30 @@ def test_a_plateau_holds_once_no_domain_has_a_new_best_for_its_window():
     Plateau(0, 0.01)
 
 
+def test_a_plateau_over_a_share_of_the_runs_flops_is_not_fooled_by_dense_evaluation():
+  """Plateau(3, 0.01, flops_fraction=0.25) against Plateau(3, 0.01) on a scripted curve evaluated
+  every 10 FLOPs (past an offset of 1,000 the run was charged before it started): math rises
+  0.015 an evaluation to 0.5 at index 20, then 0.003 an evaluation (a point every 3.3
+  evaluations) to 0.62 at index 60, then stays. By hand: three evaluations alone see 0.009 at
+  index 23 and call it flat. The window that also spans a quarter more of the run's FLOPs starts
+  at the latest index k <= i - 2 with 10 i >= 1.25 x 10 k (k = 18 at 23: lift 0.054), so during
+  the slow climb it always spans about a fifth of the curve (lift >= 0.018); on the flat top it
+  first holds at 73 (k = 58: the best before it 0.611 at 57, 0.62 - 0.611 = 0.009; at 72, k = 57
+  and 0.62 - 0.608 = 0.012)."""
+  def math_at(i):
+    return 0.2 + 0.015 * i if i <= 20 else min(0.5 + 0.003 * (i - 20), 0.62)
+  points = [{"flops": 1000.0 + 10 * i, "accuracy": {"math": 0.0},
+             "stop": {"accuracy": {"math": math_at(i)}}} for i in range(90)]
+  first = lambda rule: next(i for i, p in enumerate(points) if rule(p))  # noqa: E731
+  assert first(Plateau(3, 0.01, offset=1000.0)) == 23
+  assert first(Plateau(3, 0.01, flops_fraction=0.25, offset=1000.0)) == 73
+  # The offset matters: read on the charged FLOPs (1,000 more: the experts', for MOPD), a quarter
+  # more is 250+ FLOPs, 25+ evaluations, and the flat top never spans it within these 90.
+  assert not any(map(Plateau(3, 0.01, flops_fraction=0.25), points))
+  with pytest.raises(ValueError, match="plateau_flops_fraction=-0.1"):
+    Plateau(3, 0.01, flops_fraction=-0.1)
+
+
 def test_a_capture_and_plateau_rule_resumes_to_the_same_stop(monkeypatch):
   """MOPD's rule (capture and plateau, all_rules asking both about every point) in run_rl: it
   runs on past the capture until the curve is flat, and a run stopped part-way and resumed with

@@ -46,6 +46,7 @@ ADDED_FIELDS = {
     "experts.preset": lambda old: "",
     "domain_difficulty": lambda old: "",
     "parallel_phases": lambda old: 1,
+    "mopd.plateau_flops_fraction": lambda old: 0.0,
 }
 
 
@@ -205,7 +206,11 @@ def study_defaults() -> mlc.ConfigDict:
   # it goes and the frontier is not censored by a distillation cut short while still rising. It
   # then runs on (run_on) like every arm: "flat" within plateau_tol is not the end of its rise
   # (without the run-on, the demo's "every domain at 90 %" moved from 81 % to 112 % more FLOPs).
-  c.mopd = mlc.ConfigDict(dict(steps=300, plateau_evals=3, plateau_tol=0.01))
+  # plateau_flops_fraction: the flat window also spans at least this fraction more of the run's
+  # own FLOPs, so that "flat" does not depend on how densely it is evaluated (0: `plateau_evals`
+  # alone, as the studies and the first six regime cells ran; the later cells use 0.25).
+  c.mopd = mlc.ConfigDict(dict(steps=300, plateau_evals=3, plateau_tol=0.01,
+                               plateau_flops_fraction=0.0))
 
   # The external teacher stands for someone else's post-trained model: a larger model SFT'd on
   # gold solutions in a verbose style (the answer restated after the solution), long enough to
@@ -361,9 +366,11 @@ def validate(c: mlc.ConfigDict) -> None:
   if c.report.target_fraction not in tuple(c.report.levels):
     raise ValueError(f"config.report.target_fraction={c.report.target_fraction} must be one of "
                      f"config.report.levels={tuple(c.report.levels)} (the verdicts read it)")
-  if int(c.mopd.plateau_evals) < 1 or float(c.mopd.plateau_tol) < 0:
-    raise ValueError(f"config.mopd: plateau_evals={c.mopd.plateau_evals} must be >= 1 and "
-                     f"plateau_tol={c.mopd.plateau_tol} >= 0")
+  if (int(c.mopd.plateau_evals) < 1 or float(c.mopd.plateau_tol) < 0
+      or float(c.mopd.plateau_flops_fraction) < 0):
+    raise ValueError(f"config.mopd: plateau_evals={c.mopd.plateau_evals} must be >= 1, "
+                     f"plateau_tol={c.mopd.plateau_tol} >= 0 and plateau_flops_fraction="
+                     f"{c.mopd.plateau_flops_fraction} >= 0")
   for field in ("stop_size", "experts.prompts_per_step", "run_on.evals",
                 "external.max_new_tokens"):
     sect, _, key = field.partition(".")

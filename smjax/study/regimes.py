@@ -90,6 +90,10 @@ WITH_TEACHERS = MAIN + ("external",)
 # (interfering_uneven: -51 % at the bars, -3 % with stops anywhere between them). One more MOPD
 # run a seed.
 FINER_BARS = (0.75, 0.9, 0.925, 0.95, 1.0)
+# ...and MOPD's flat curve read over at least a quarter more of its own FLOPs, not only three
+# evaluations: disjoint_uneven's 0.9 sets, evaluated every few steps, were stopped as flat while
+# their hard domain had risen 1.6-2.1 points on the stop set over their last quarter of FLOPs.
+LATER = {"experts.bars": FINER_BARS, "mopd.plateau_flops_fraction": 0.25}
 
 CELLS = (
     Cell("shared_even", "shared", "even",
@@ -135,7 +139,7 @@ CELLS = (
     Cell("strong_to_weak", "shared", "even",
          "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
          "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
-         {"domains": ("math", "code"), "experts.preset": "toy-small", "experts.bars": FINER_BARS},
+         {"domains": ("math", "code"), "experts.preset": "toy-small", **LATER},
          extra="strong-to-weak"),
     Cell("sparse", "shared", "even",
          "math and code at their hard levels (at least 3 decision sites of two kinds in every "
@@ -145,7 +149,7 @@ CELLS = (
           # 0.05 left seed 1's math at 1.6 % (seeds 0 and 2: 3.3 % and 4.8 %; code 4-5 %).
           "base.correct_fraction": 0.08, "band.hard_domains": "math,code",
           "model.max_seq_len": 80, "base.seq_len": 80,
-          "rl.max_new_tokens": 56, "experts.bars": FINER_BARS},
+          "rl.max_new_tokens": 56, **LATER},
          extra="sparse"),
 )
 

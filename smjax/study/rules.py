@@ -60,23 +60,38 @@ def bar_rule(domain: str, start: dict, reference: dict, fraction: float):
 
 
 class Plateau:
-  """A rule that holds once the curve has gone flat on the stop set: the last `evals` points
-  brought no domain more than `tol` above its best before them. It remembers the points it was
-  asked about, so it must be asked about every point of one curve once, in order, as run_rl
-  does (a fresh rule per run; `all_rules` asks every member). Used with the capture rule, so that
-  a distillation runs on until its curve flattens: the frontier reads first passages, and a run
-  cut short while still rising would censor the levels it had not yet reached."""
+  """A rule that holds once the curve has gone flat on the stop set: the last points (a window
+  of at least `evals` of them) brought no domain more than `tol` above its best before them. It
+  remembers the points it was asked about, so it must be asked about every point of one curve
+  once, in order, as run_rl does (a fresh rule per run; `all_rules` asks every member). Used with
+  the capture rule, so that a distillation runs on until its curve flattens: the frontier reads
+  first passages, and a run cut short while still rising would censor the levels it had not yet
+  reached.
 
-  def __init__(self, evals: int, tol: float):
+  flops_fraction: the window also spans at least this fraction more of the run's own training
+  FLOPs (a point's "flops" less `offset`, what the run was charged before it started): its first
+  point's own FLOPs times (1 + flops_fraction) at most its last's. Without it "flat" depends on
+  how densely the run is evaluated: a distillation evaluated every few steps and still rising
+  slowly looks flat over three evaluations (disjoint_uneven's 0.9 sets stopped so while their
+  hard domain had risen 1.6-2.1 points over their last quarter of FLOPs, docs/regimes.md)."""
+
+  def __init__(self, evals: int, tol: float, flops_fraction: float = 0.0, offset: float = 0.0):
     if evals < 1:
       raise ValueError(f"config.mopd.plateau_evals={evals}: expected at least 1 evaluation")
+    if flops_fraction < 0:
+      raise ValueError(f"config.mopd.plateau_flops_fraction={flops_fraction}: expected >= 0")
     self.evals, self.tol, self.seen = int(evals), float(tol), []
+    self.fraction, self.offset, self.flops = float(flops_fraction), float(offset), []
 
   def __call__(self, point: dict) -> bool:
     self.seen.append(stop_accuracy(point))
-    if len(self.seen) <= self.evals:
+    self.flops.append(float(point.get("flops", 0.0)) - self.offset)
+    start = len(self.seen) - self.evals   # the window's first point: the latest that spans both
+    while start > 0 and self.flops[-1] < (1 + self.fraction) * self.flops[start]:
+      start -= 1
+    if start < 1:
       return False
-    before, window = self.seen[:-self.evals], self.seen[-self.evals:]
+    before, window = self.seen[:start], self.seen[start:]
     return all(max(a[d] for a in window) <= max(a[d] for a in before) + self.tol + 1e-12
                for d in window[-1])
 

@@ -248,7 +248,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
       template = grown.abstract_params()
       mopd_steps, plateau = config.mopd.steps, (int(config.mopd.plateau_evals),
-                                                 float(config.mopd.plateau_tol))
+                                                 float(config.mopd.plateau_tol),
+                                                 float(config.mopd.plateau_flops_fraction))
       refine, capture = int(o.eval_refine), o.capture_fraction
 
       def distil(arm, members):   # MOPD from one set of the experts' checkpoints
@@ -267,7 +268,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                   router=shared.teacher_router(teachers), eval_refine=refine,
                   stop_at=rules.all_rules(
                       rules.capture_rule(_stop_final(base), teacher_acc, capture),
-                      rules.Plateau(*plateau)))
+                      rules.Plateau(*plateau, offset=expert_flops)))
       sets = _expert_sets(config, experts)
       for (arm, members), mopd in zip(sets, _side_by_side(lambda a: distil(*a), sets, workers)):
         expert_flops = sum(m["flops"] for m in members.values())
