@@ -22,8 +22,8 @@ from smjax import distributed, paths as paths_lib
 from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
-from smjax.study.verdicts import (FAVOURS_JOINT, FAVOURS_SPLIT, FRONTIER_READINGS, JOINT_AT_BARS,
-                                  UNRESOLVED, cell_reading, collapse_text, point_only)
+from smjax.study.verdicts import (FRONTIER_READINGS, READINGS, cell_reading, collapse_text,
+                                  point_only)
 
 # The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
 # fits this many columns; report.txt, report.csv and report.json keep every figure.
@@ -470,7 +470,7 @@ def map_markdown(data: dict) -> str:
     verdicts = ["", f"By the map's rule (at {level} of the gain, on the mean over domains; "
                 "the rule is in docs/regimes.md): " + "; ".join(
                     f"{what}: {', '.join(c for c, (w, _) in read.items() if w == what) or 'none'}"
-                    for what in (FAVOURS_SPLIT, FAVOURS_JOINT, JOINT_AT_BARS, UNRESOLVED))
+                    for what in READINGS)
                 + "."] + verdicts
   teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
               for r in data["cells"] if r.get("teachers")]

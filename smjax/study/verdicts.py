@@ -153,6 +153,7 @@ def claim_a_head(level: float, of: str | None, ref: str, where: str) -> str:
 # map's last cells had run): at the report's level, on the mean over domains.
 FAVOURS_SPLIT, FAVOURS_JOINT = "favours splitting", "favours joint GRPO"
 JOINT_AT_BARS, UNRESOLVED = "favours joint GRPO at the bars' resolution", "unresolved"
+READINGS = (FAVOURS_SPLIT, FAVOURS_JOINT, JOINT_AT_BARS, UNRESOLVED)
 
 
 def cell_reading(row: dict) -> tuple[str, str]:
