@@ -113,8 +113,10 @@ def test_report_fields_and_files(study):
       assert "saving_at_target" in a and "saving_total" not in a, sorted(a)
   assert rep["arms"]["split_merge"]["distillation_share_run"]["mean"] > 0
   # The frontier at every level, read on the mean and on every domain, on levels of joint GRPO's
-  # gain and of the better route's; the verdicts end with what the intervals cover.
-  assert set(rep["frontier"]) == {"mean", "every", "mean_best", "every_best"}
+  # gain and of the better route's (each again with MOPD's other flat rule); the verdicts end
+  # with what the intervals cover.
+  ways = {"mean", "every", "mean_best", "every_best"}
+  assert set(rep["frontier"]) == ways | {w + ":replayed" for w in ways}
   assert set(rep["frontier"]["mean"]) == {"0.5", "0.75", "0.9", "0.95"}
   assert rep["verdicts"] and "evaluation noise only" in rep["verdicts"][-1]
   # Every evaluation also measures the stop set (what the stop rules read), apart from the report
@@ -270,6 +272,17 @@ def test_a_record_renders_as_its_study_and_gathers_seeds_across_runs(study, tmp_
   a = regimes.map_report(str(root), str(tmp_path / "m0"), bootstrap=0)
   b = regimes.map_report(str(tmp_path / "maprec"), str(tmp_path / "m1"), bootstrap=0)
   assert [dict(r, about=0) for r in a["cells"]] == [dict(r, about=0) for r in b["cells"]]
+
+
+def test_the_report_reads_mopd_again_under_the_other_flat_rule(study):
+  """The study's own MOPD runs are replayed under its own flat rule to where they ended (no seed
+  left out of the replay), and the frontier is read again under the other rule."""
+  wd, _ = study
+  rep = json.load(open(os.path.join(wd, "report", "report.json")))
+  config = json.load(open(os.path.join(wd, "config.json")))
+  assert rep["flat_rule"] == {"ran": config["mopd"]["plateau_flops_fraction"], "replayed": 0.25,
+                              "evals": config["mopd"]["plateau_evals"], "not_replayed": []}
+  assert set(rep["frontier"]["mean:replayed"]) == set(rep["frontier"]["mean"])
 
 
 def test_flop_totals_add_up_across_phases(study):

@@ -68,8 +68,9 @@ def test_the_recorded_cells_are_still_the_cells_the_code_defines():
       old = study_config.upgrade_old_config(json.load(f))
     assert config_diff(old, regimes.cell_config(name).to_dict(),
                        study_config.RUN_NEUTRAL_FIELDS) == [], name
-    assert tuple(old["experts"]["bars"]) == (0.75, 0.9, 0.95, 1.0)
-    assert old["mopd"]["plateau_flops_fraction"] == 0.0   # filled in for configs without it
+    if name not in ("strong_to_weak", "sparse"):   # the first six cells
+      assert tuple(old["experts"]["bars"]) == (0.75, 0.9, 0.95, 1.0)
+      assert old["mopd"]["plateau_flops_fraction"] == 0.0   # filled in for configs without it
   for name in ("strong_to_weak", "sparse"):
     c = regimes.cell_config(name)
     assert c.experts.bars == regimes.FINER_BARS and 0.925 in regimes.FINER_BARS
@@ -78,6 +79,31 @@ def test_the_recorded_cells_are_still_the_cells_the_code_defines():
   bad.mopd.plateau_flops_fraction = -0.5
   with pytest.raises(ValueError, match="plateau_flops_fraction=-0.5 >= 0"):
     study_config.validate(bad)
+
+
+def test_the_recorded_distillations_end_where_their_own_rule_replayed_ends_them():
+  """report.replay_distillation, asked for the flat rule each recorded cell ran with, puts every
+  recorded MOPD run's end where it ended (its run-on past its capture-and-flat stop, or its cap),
+  so that its replay under the other rule reads the same runs the way the study would have."""
+  import ml_collections as mlc  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+  from smjax.study.report import replay_distillation, split_sets  # pylint: disable=C0415
+  from smjax.study.run import flat_rule_replay, load_arms  # pylint: disable=C0415
+  records = os.path.join(ROOT, "docs", "regimes", "records")
+  runs = 0
+  for name in sorted(d for d in os.listdir(records) if os.path.isdir(os.path.join(records, d))):
+    cell = os.path.join(records, name)
+    rule = flat_rule_replay(mlc.ConfigDict(read_json(os.path.join(cell, "config.json"), "")))
+    by_seed: dict = {}
+    for a in load_arms(cell):
+      by_seed.setdefault(a.seed, {})[a.arm] = a
+    for seed, arms in by_seed.items():
+      own = replay_distillation(arms, **dict(rule, replay=rule["ran"]))
+      assert own is not None, (name, seed)
+      for arm in split_sets(arms):
+        assert own[arm] == (len(arms[arm].curve) - 1, arms[arm].reached), (name, seed, arm)
+        runs += 1
+  assert runs >= 36   # three cells of three seeds, four sets each
 
 
 def test_an_unknown_or_missing_cell_is_one_line():
@@ -184,6 +210,13 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
                                    "not distinguishable"},
           "final": {"difference": s(-0.035, -0.074, 0.004, [-0.03, 0.01, -0.085])},
           "zero_variance_groups": {"math": 0.75, "strings": 0.5}, "teachers": [],
+          # Read again with MOPD's other flat rule: dearer on every seed on both readings.
+          "replayed": {"flat_rule": {"ran": 0.0, "replayed": 0.25, "evals": 3},
+                       "mean": {"saving": s(-0.5, -0.9, -0.1, [-0.4, -0.5, -0.6]),
+                                "saving_finer_bars": s(-0.3, -0.5, -0.1, [-0.2, -0.3, -0.4])},
+                       "mean_best": {"saving": s(-0.3, -0.5, -0.1, [-0.2, -0.3, -0.4]),
+                                     "saving_finer_bars": s(-0.2, -0.3, -0.1,
+                                                            [-0.1, -0.2, -0.3])}},
           "collapsed": [{"arm": "expert_math", "seed": 1, "step": 82,
                          "what": "no sample has scored and the gradient has been 0 for 25 steps"}]}
   (tmp_path / "docs").mkdir()
@@ -210,7 +243,13 @@ def test_a_committed_map_renders_into_a_docs_page(tmp_path, monkeypatch):
           "GRPO at the bars' resolution: none; unresolved: disjoint_even.") in out
   assert ("distinguishable. By the map's rule: **unresolved** (the seeds differ in sign: on joint "
           "GRPO's levels 0 cheaper, 3 dearer; on the better route's 1 cheaper, 2 dearer; more "
-          "seeds would settle it)") in out
+          "seeds would settle it); with MOPD stopped on a curve flat over 3 evaluations and 25% "
+          "more of its own FLOPs instead (replayed on the same runs): **favours joint GRPO** "
+          "(dearer on 3 of 3 seeds on both readings, and with stops anywhere between the "
+          "bars)") in out
+  assert ("With MOPD's other flat rule replayed on the same runs (a cell that ran without the "
+          "FLOPs span read with it, and the other way round): favours joint GRPO: "
+          "disjoint_even.") in out
   assert render.update_docs(out) == out
 
 
@@ -241,10 +280,10 @@ def test_a_cell_is_read_by_the_maps_rule():
   mixed = {"mean": {"saving": s([-0.5, -0.2, -0.4])},
            "mean_best": {"saving": s([-0.5, -0.2, 0.08], [0, 0, 1])}}
   reading, why = verdicts.cell_reading(mixed)
-  assert reading == verdicts.UNRESOLVED and "1 cheaper, 2 dearer" in why
+  assert reading == verdicts.UNRESOLVED and "1 cheaper, 2 dearer" in why and "differ" in why
   opened = {"mean": {"saving": s([-0.5, -0.2, -0.4], [0, 0, 1])}}   # "≥ -40 %": sign open
   reading, why = verdicts.cell_reading(opened)
-  assert reading == verdicts.UNRESOLVED and "1 open" in why
+  assert reading == verdicts.UNRESOLVED and "1 open" in why and "leave the sign open" in why
   assert verdicts.cell_reading({})[0] == verdicts.UNRESOLVED
   # The map's plot labels each cell with its reading and draws censored seeds as triangles.
   import io  # pylint: disable=import-outside-toplevel

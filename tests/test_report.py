@@ -890,3 +890,88 @@ def test_no_frontier_against_split_then_merge_itself():
   rep = build_report(arms, reference_arm="split_merge", bootstrap=0, levels=(0.9,))
   assert rep["arms"]["split_merge@0.9"]["saving_at_target"]["mean"] is not None
   assert rep["frontier"] == {} and not any(v.startswith("(a)") for v in rep["verdicts"])
+
+
+def _flat_rule_arms(ran: float):
+  """A seed whose MOPD from early experts (60 FLOPs, teachers at .7 on the stop set, the base at
+  .2, capture fraction .5) rises .03 an evaluation to .5 at index 10, then .003 an evaluation
+  to a top of .568 (index 33), evaluated every 2 of its own FLOPs; recorded as it ran under the
+  flat rule spanning `ran` of its FLOPs (test_mopd_is_read_under_both_flat_rules says where
+  each ends). The late set (experts 160 FLOPs) ran to its cap; joint GRPO reaches .56 at 180."""
+  arms = [a for a in _frontier_arms() if a.arm in ("base", "joint_grpo")]
+  acc = [.2 + .03 * i if i <= 10 else min(.5 + .003 * (i - 10), .568) for i in range(50)]
+  curve = _curve([(60 + 2 * i, a, a) for i, a in enumerate(acc[:50 if ran else 18])])
+  for i, p in enumerate(curve):
+    p["step"] = i
+  teach = {"math": "expert_math", "code": "expert_code"}
+  experts = [ArmResult(t, 0, _curve([(30, .7, .7)]), {"train/policy": 30.0})
+             for t in teach.values()]
+  early = ArmResult("split_merge@0.9", 0, curve, {"train/policy": curve[-1]["flops"]},
+                    expert_flops=60.0, distill_flops=curve[-1]["flops"] - 60.0, teachers=teach,
+                    capture_fraction=0.5, reached=True)
+  late = next(a for a in _frontier_arms() if a.arm == "split_merge")
+  for p, step in zip(late.curve, (0, 40, 80, 100)):   # its cap
+    p["step"] = step
+  late = dataclasses.replace(late, teachers=teach, capture_fraction=0.5, reached=False)
+  return {a.arm: a for a in arms + experts + [early, late]}
+
+
+def test_mopd_is_read_under_both_flat_rules():
+  """report.replay_distillation and the frontier read again under the other flat rule, by hand
+  (Plateau(3, 0.01), run-on 3 evaluations and 25 % more of the run's own FLOPs, cap 100 steps).
+  Three evaluations alone first see a flat curve at index 13 (.509 against .5 at 10), which
+  runs on to index 17 (own FLOPs 34 >= 1.25 x 26). Spanning a quarter of its FLOPs, the window
+  at index i reaches back to floor(0.8 i), so that it holds four or more rises of .003 (.012)
+  until the top; it is flat only once .568 is within .01 of the best before it (.56 at index
+  30): index 39 (window from 31), run on to 49 (own 98 >= 1.25 x 78). The level (90 % of joint
+  GRPO's gain: .56) is first met at index 30, 60 + 60 = 120 FLOPs.
+
+  Run with the span, the record holds index 49 and the early set's 120 is the cheapest (saving 1
+  - 120 / 180); replayed without, its distillation ends at 17, flat below .56, so it is no
+  candidate and the late set's 174 is (1 - 174 / 180). Run without, the record ends at 17;
+  replayed with the span, the run would have gone on past it, so the set stays a candidate
+  censored at its end, 94 FLOPs: split-then-merge at least 94, the saving at most 1 - 94 / 180."""
+  from smjax.study.report import replay_distillation  # pylint: disable=import-outside-toplevel
+  rule = dict(evals=3, tol=0.01, run_on=(3, 0.25), cap=100)
+  spanned, plain = _flat_rule_arms(0.25), _flat_rule_arms(0.0)
+  # Each record's own rule reproduces where it ended; the late set ended at its cap either way.
+  assert replay_distillation(spanned, ran=0.25, replay=0.25, **rule) == {
+      "split_merge@0.9": (49, True), "split_merge": (3, False)}
+  assert replay_distillation(spanned, ran=0.25, replay=0.0, **rule)["split_merge@0.9"] == (17, True)
+  assert replay_distillation(plain, ran=0.0, replay=0.0, **rule)["split_merge@0.9"] == (17, True)
+  assert replay_distillation(plain, ran=0.0, replay=0.25, **rule)["split_merge@0.9"] == (
+      None, False)
+  # A record its own rule does not reproduce (cut short of its run-on, not at its cap): no replay.
+  cut = dict(spanned, **{"split_merge@0.9": dataclasses.replace(
+      spanned["split_merge@0.9"], curve=spanned["split_merge@0.9"].curve[:45])})
+  assert replay_distillation(cut, ran=0.25, replay=0.0, **rule) is None
+  for arms, ran, split, saving in ((spanned, 0.25, 120.0, 1 - 120 / 180),
+                                   (plain, 0.0, 94.0, 1 - 94 / 180)):
+    rep = build_report(list(arms.values()), bootstrap=0, levels=(0.9,),
+                       flat_rule=dict(rule, ran=ran, replay=0.25 - ran))
+    assert rep["flat_rule"] == {"ran": ran, "replayed": 0.25 - ran, "evals": 3,
+                                "not_replayed": []}
+    mean, again = rep["frontier"]["mean"]["0.9"], rep["frontier"]["mean:replayed"]["0.9"]
+    assert mean["split"]["mean"] == pytest.approx(120.0 if ran else 174.0)   # as run
+    assert again["split"]["mean"] == pytest.approx(174.0 if ran else split)
+    assert again["saving"]["mean"] == pytest.approx(1 - 174 / 180 if ran else saving)
+    assert again["saving"]["bound"] == (0 if ran else -1)
+  # Both readings in the verdicts and the tables (here: the rule without the span replayed).
+  rep = build_report(list(spanned.values()), bootstrap=0, levels=(0.9,),
+                     flat_rule=dict(rule, ran=0.25, replay=0.0))
+  line = next(v for v in rep["verdicts"] if v.startswith("(a) with MOPD"))
+  assert line.startswith(
+      "(a) with MOPD stopped on a curve flat over 3 evaluations (replayed on the same runs, which "
+      "stopped on one flat over 3 evaluations and 25% more of its own FLOPs), at 90% of "
+      "joint_grpo's gain (mean over domains): split-then-merge needs 3.3% fewer FLOPs"), line
+  table = format_table(rep)
+  assert "The same frontier with MOPD stopped on a curve flat over 3 evaluations, replayed" in table
+  assert "cheapest expert stop per seed" in table.split("The same frontier")[1]
+  # Where the rules agree (half of joint GRPO's gain, .4, met at index 7 under both), one line
+  # says so and no table repeats the frontier.
+  same = build_report(list(spanned.values()), bootstrap=0, levels=(0.5,), target_fraction=0.5,
+                      flat_rule=dict(rule, ran=0.25, replay=0.0))
+  assert ("(a) the same on each seed with MOPD stopped on a curve flat over 3 evaluations "
+          "(replayed on the same runs, which stopped on one flat over 3 evaluations and 25% more "
+          "of its own FLOPs)") in same["verdicts"]
+  assert "The same frontier" not in format_table(same)

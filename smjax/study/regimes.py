@@ -44,8 +44,9 @@ import numpy as np
 
 from smjax import paths
 from smjax.checkpoint_meta import config_diff, read_json
-from smjax.study import stats
-from smjax.study.verdicts import FRONTIER_READINGS, JOINT_AT_BARS, cell_reading, claim_a_head
+from smjax.study import rules, stats
+from smjax.study.verdicts import (FRONTIER_READINGS, JOINT_AT_BARS, REPLAYED, cell_reading,
+                                  claim_a_head)
 
 SKILLS = ("shared", "disjoint", "interfering")
 DIFFICULTIES = ("even", "uneven")
@@ -92,7 +93,7 @@ FINER_BARS = (0.75, 0.9, 0.925, 0.95, 1.0)
 # ...and MOPD's flat curve read over at least a quarter more of its own FLOPs, not only three
 # evaluations: disjoint_uneven's 0.9 sets, evaluated every few steps, were stopped as flat while
 # their hard domain had risen 1.6-2.1 points on the stop set over their last quarter of FLOPs.
-LATER = {"experts.bars": FINER_BARS, "mopd.plateau_flops_fraction": 0.25}
+LATER = {"experts.bars": FINER_BARS, "mopd.plateau_flops_fraction": rules.FLAT_SPAN}
 
 CELLS = (
     Cell("shared_even", "shared", "even",
@@ -312,16 +313,24 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   level = f"{float(config.report.target_fraction):g}"
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
+  keys = ("saving", "distillation_share", "joint", "split", "sets", "grid_step",
+          "saving_finer_bars")
   for on, of, where, _ in FRONTIER_READINGS:
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:
       continue
-    row[on] = {k: f.get(k) for k in ("saving", "distillation_share", "joint", "split", "sets",
-                                     "grid_step", "saving_finer_bars")}
+    row[on] = {k: f.get(k) for k in keys}
     # The cell's own verdict line on claim (a) at the level (smjax.study.verdicts).
     head = claim_a_head(row["level"], of, ref, where)
     row[on]["verdict"] = next((v for v in report.get("verdicts") or [] if v.startswith(head)),
                               "")
+  # The same, with MOPD's other flat rule replayed on the same runs (run.flat_rule_replay), so
+  # that the map reads each cell under both rules.
+  if report.get("flat_rule"):
+    row["replayed"] = {"flat_rule": report["flat_rule"]} | {
+        on: {k: f.get(k) for k in keys} for on, *_ in FRONTIER_READINGS
+        for f in [(report.get("frontier") or {}).get(on + REPLAYED, {}).get(level) or {}]
+        if "saving" in f}
   row["zero_variance_groups"] = _zero_variance(cell_dir, done, row["domains"])
   # Each route's ceiling: the levels are shares of joint GRPO's gain, so a cell where
   # split-then-merge ends above joint GRPO (interfering skills, say) shows it here, not in a

@@ -22,8 +22,8 @@ from smjax import distributed, paths as paths_lib
 from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
-from smjax.study.verdicts import (FRONTIER_READINGS, READINGS, cell_reading, collapse_text,
-                                  point_only)
+from smjax.study.verdicts import (FRONTIER_READINGS, READINGS, REPLAYED, cell_reading,
+                                  collapse_text, flat_rule_text, point_only, replay_differs)
 
 # The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
 # fits this many columns; report.txt, report.csv and report.json keep every figure.
@@ -65,12 +65,13 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
   return f"{head} [{b(lo)}, {b(hi)}]"
 
 
-def frontier_rows(report: dict) -> list[list[str]]:
+def frontier_rows(report: dict, suffix: str = "") -> list[list[str]]:
   """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
-  distillation's share and which expert stop was cheapest (per seed)."""
+  distillation's share and which expert stop was cheapest (per seed). `suffix`: the modes read
+  with MOPD's flat rule replayed (verdicts.REPLAYED)."""
   rows = []
   for mode, _, _, where in FRONTIER_READINGS:
-    for level, at in (report.get("frontier") or {}).get(mode, {}).items():
+    for level, at in (report.get("frontier") or {}).get(mode + suffix, {}).items():
       sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
       bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa
       rows.append([f"{100 * float(level):.0f}%", where, _ci(at.get("joint")),
@@ -150,6 +151,23 @@ def format_table(report: dict, width: int | None = None) -> str:
                    "cheapest expert stop per seed", "bracket joint / split",
                    "saving, stops between bars: at most"], rows, width,
                   points=(ref, "split-then-merge"),
+                  drop=("saving, stops between bars: at most", "bracket joint / split",
+                        "cheapest expert stop per seed", "distill/experts"))
+  flat = report.get("flat_rule")
+  # The frontier under MOPD's other flat rule, where it differs from the one as run.
+  rows = (frontier_rows(report, REPLAYED) if flat and replay_differs(
+      report.get("frontier") or {}, [m for m, *_ in FRONTIER_READINGS]) else [])
+  if rows:
+    out += _table(f"The same frontier with MOPD stopped on a curve "
+                  f"{flat_rule_text(flat['replayed'], flat['evals'])}, replayed on the same runs "
+                  f"(which stopped on one {flat_rule_text(flat['ran'], flat['evals'])}; a run "
+                  "that would have gone on past its record is censored where it ends"
+                  + (f"; seeds {flat['not_replayed']} could not be replayed"
+                     if flat.get("not_replayed") else "") + f"); {cover}",
+                  ["level", "read on", report.get("reference_arm"), "split-then-merge", "saving",
+                   "distill/experts", "cheapest expert stop per seed", "bracket joint / split",
+                   "saving, stops between bars: at most"], rows, width,
+                  points=(report.get("reference_arm"), "split-then-merge"),
                   drop=("saving, stops between bars: at most", "bracket joint / split",
                         "cheapest expert stop per seed", "distill/experts"))
   for group in ("main", "recovery"):
@@ -460,10 +478,21 @@ def map_markdown(data: dict) -> str:
                  f"{_pct(mean.get('distillation_share')).lstrip('+')} | "
                  f"{_points((r.get('final') or {}).get('difference'))} | {zv} |")
   read = {r["cell"]: cell_reading(r) for r in data["cells"] if r.get("mean")}
+  # Each cell read again with MOPD's other flat rule replayed on its runs (where its row has it).
+  other = {r["cell"]: (cell_reading(r["replayed"]), r["replayed"]["flat_rule"])
+           for r in data["cells"] if (r.get("replayed") or {}).get("mean")}
+
+  def swapped(cell):
+    if cell not in other:
+      return ""
+    (what, why), flat = other[cell]
+    return (f"; with MOPD stopped on a curve {flat_rule_text(flat['replayed'], flat['evals'])} "
+            f"instead (replayed on the same runs): **{what}** ({why})")
   verdicts = [f"- **{r['cell']}** ({r['about']}): {r['mean']['verdict']}"
               + (f"; {r['mean_best']['verdict']}" if (r.get("mean_best") or {}).get("verdict")
                  else "") + f". By the map's rule: **{read[r['cell']][0]}** "
-              f"({read[r['cell']][1]})" for r in data["cells"] if r.get("mean")]
+              f"({read[r['cell']][1]}){swapped(r['cell'])}" for r in data["cells"]
+              if r.get("mean")]
   if read:
     level = next((f"{100 * r['level']:.0f} %" for r in data["cells"] if r.get("level")),
                  "the target level")
@@ -471,7 +500,14 @@ def map_markdown(data: dict) -> str:
                 "the rule is in docs/regimes.md): " + "; ".join(
                     f"{what}: {', '.join(c for c, (w, _) in read.items() if w == what) or 'none'}"
                     for what in READINGS)
-                + "."] + verdicts
+                + "."] + (["", (
+                    "With MOPD's other flat rule replayed on the same runs (a cell that ran "
+                    "without the FLOPs span read with it, and the other way round): " + "; ".join(
+                        f"{what}: {', '.join(c for c, ((w, _), _) in other.items() if w == what)}"
+                        for what in READINGS if any(w == what for (w, _), _ in other.values()))
+                    + "".join(f"; not replayed (a row kept without its runs): {', '.join(rest)}"
+                              for rest in [[c for c in read if c not in other]] if rest)
+                    + "."), ""] if other else []) + verdicts
   teachers = [f"- **{r['cell']}**: " + "; ".join(v.removeprefix("(c) ") for v in r["teachers"])
               for r in data["cells"] if r.get("teachers")]
   if teachers:

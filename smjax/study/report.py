@@ -36,6 +36,7 @@ import numpy as np
 
 from smjax.ledger import flops_to_reach
 from smjax.study import stats
+from smjax.study import rules
 from smjax.study.rules import captured, mean_accuracy as _mean, stop_accuracy
 from smjax.study.verdicts import verdicts
 
@@ -168,7 +169,8 @@ SPLIT = "split_merge"
 
 def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
                  reference_arm: str | None, recover_domain: str | None,
-                 target: float | None = None, levels: Sequence[float] = ()) -> dict:
+                 target: float | None = None, levels: Sequence[float] = (),
+                 replayed: dict | None = None) -> dict:
   """Every figure of one seed's arms (`arms`: {name: ArmResult}) with the held-out prompts `idx`
   ({domain: indices}, smjax.study.stats): {"<arm>|<figure>": value}; a first passage the arm
   did not reach is censored (`stats.Bound`), nan marks a figure that is undefined.
@@ -188,7 +190,10 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   a share of its FLOPs), "grid_step" (how far below the figure the experts one bar down start,
   as a share of it: `_grid_step`), "saving_finer_bars" (the saving with the figure lowered by
   that step: the most that expert stops between the bars could show, if a stop below the next
-  bar down gets there no cheaper), "set" (which set, as its index in `split_sets`)."""
+  bar down gets there no cheaper), "set" (which set, as its index in `split_sets`).
+  `replayed` ({set: (end, reached)}, `replay_distillation`): the same figures again under modes
+  "<mode>:replayed", each set's distillation cut where it would have ended under another flat
+  rule (end None: it would have run past its record, read as it stands and censored there)."""
   acc = {n: stats.curve_values(a.curve, idx) for n, a in arms.items()}
   greedy = {n: stats.curve_values(a.curve, idx, source="greedy") for n, a in arms.items()}
   length = {n: stats.curve_values(a.curve, idx, source="length") for n, a in arms.items()}
@@ -276,12 +281,23 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   # The frontier compares two routes: a split-then-merge arm as the reference has none to face.
   if levels and "base" in arms and reference_arm in arms and sets and reference_arm not in sets:
     out |= _frontier(arms, acc, final, sets, reference_arm, levels)
+    if replayed:
+      out |= _frontier(arms, acc, final, sets, reference_arm, levels, replayed)
   return out
 
 
-def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
-  """seed_figures' "_frontier|..." figures (its docstring)."""
+def _frontier(arms, acc, final, sets, reference_arm, levels, replayed=None) -> dict:
+  """seed_figures' "_frontier|..." figures (its docstring); with `replayed`, under the modes
+  "<mode>:replayed", the sets' curves cut where `replayed` says."""
   out = {}
+  suffix = ":replayed" if replayed else ""
+  # Each set's distillation as it ran, or as it would have run under the replayed rule: its
+  # curve's points up to its end there, whether that rule stopped it, and whether the run would
+  # have gone on past its record (then it stays a candidate, censored where its record ends).
+  view = {n: (len(arms[n].curve), bool(arms[n].reached), False) for n in sets}
+  if replayed:
+    view = {n: (len(arms[n].curve) if replayed[n][0] is None else replayed[n][0] + 1,
+                replayed[n][1], replayed[n][0] is None) for n in sets}
   base, ref = final["base"], final[reference_arm]
   doms = sorted(base)
   # The levels' top, read two ways: joint GRPO's end (modes "mean", "every": the paper's
@@ -292,11 +308,12 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
   best = {d: max(e[d] for e in ends) for d in doms}
   tops = {"mean": ref, "every": ref, "mean_best": max(ends, key=_mean), "every_best": best}
   if _mean(ref) <= _mean(base):   # the reference gained nothing: no level to reach
-    return {f"_frontier|{m}/{lv:g}/{k}": math.nan for lv in levels for m in tops
+    return {f"_frontier|{m}{suffix}/{lv:g}/{k}": math.nan for lv in levels for m in tops
             for k in ("joint", "split", "saving", "distillation_share", "set")}
 
   def curve(name, lv, mode):
-    pts = zip(arms[name].curve, acc[name])
+    upto = view[name][0] if name in view else len(acc[name])
+    pts = zip(arms[name].curve[:upto], acc[name][:upto])
     if mode.startswith("mean"):
       return [(p["flops"], _mean(v)) for p, v in pts]
     return [(p["flops"], min(v[d] - lv[d] for d in doms)) for p, v in pts]
@@ -305,7 +322,7 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
     for mode, top in tops.items():
       lv = levels_of(base, top, level)
       mark = _mean(lv) if mode.startswith("mean") else 0.0
-      key = f"_frontier|{mode}/{level:g}/"
+      key = f"_frontier|{mode}{suffix}/{level:g}/"
       joint_xs = curve(reference_arm, lv, mode)
       joint = _reach(joint_xs, mark)
       split_xs = {n: curve(n, lv, mode) for n in sets}
@@ -314,7 +331,7 @@ def _frontier(arms, acc, final, sets, reference_arm, levels) -> dict:
       # get there: it is no candidate. One that stopped at its cap still rising might: it stays,
       # censored. (If none is left, the bounds are all there is to report.)
       gets_there = {n: f for n, f in reach.items()
-                    if not (stats.side_of(f) > 0 and arms[n].reached)}
+                    if not (stats.side_of(f) > 0 and view[n][1] and not view[n][2])}
       label, split = _cheapest(gets_there or reach)
       chosen = arms[label]
       out[key + "joint"] = joint
@@ -346,11 +363,60 @@ def _grid_step(split, chosen: ArmResult, sets: Sequence[ArmResult]) -> float:
   return (chosen.expert_flops - max(below)) / stats.value_of(split) if below else 0.0
 
 
+def replay_distillation(seed_arms: dict[str, ArmResult], *, evals: int, tol: float,
+                        ran: float, replay: float, run_on: tuple[int, float],
+                        cap: int) -> dict | None:
+  """Where each split-then-merge set's distillation of one seed would have ended had MOPD's flat
+  rule spanned `replay` of its own FLOPs instead of `ran` (rules.Plateau's flops_fraction; with
+  the same capture rule, `evals`, `tol`, run-on and step `cap` as it ran): {set: (index of the
+  last point of its curve, whether the rule stopped it)}, the index None where the run would
+  have gone on past what was recorded. A run's stop set does not depend on where it stops, so
+  the part of a curve both rules share is the same run: the replay is exact up to its record.
+
+  Each set's own rule is replayed first; a record it does not reproduce (its end neither where
+  that rule and its run-on put it, nor at the cap or a collapse) gets no replay: None for the
+  seed. None too without a base or a set."""
+  sets = split_sets(seed_arms)
+  base = seed_arms.get("base")
+  if not sets or base is None or not base.curve:
+    return None
+  start = stop_accuracy(base.curve[-1])
+  out = {}
+  for name in sets:
+    arm = seed_arms[name]
+    if not arm.curve or arm.capture_fraction is None or any(
+        t not in seed_arms for t in arm.teachers.values()):
+      return None
+    teacher = {d: stop_accuracy(_at_step(seed_arms[t], seed_arms[t].curve,
+                                         (arm.experts_at.get(d) or {}).get("step")))[d]
+               for d, t in arm.teachers.items()}
+
+    def end(fraction):   # (stop index, end index) under the flat rule with this span
+      at = rules.first_hold(arm.curve, rules.all_rules(
+          rules.capture_rule(start, teacher, arm.capture_fraction),
+          rules.Plateau(evals, tol, fraction, offset=arm.expert_flops)))
+      return at, (None if at is None else
+                  rules.run_on_end(arm.curve, at, *run_on, offset=arm.expert_flops))
+
+    last = len(arm.curve) - 1
+    ends_anyway = int(arm.curve[-1].get("step", -1)) >= cap or bool(arm.collapsed)
+    own_at, own_end = end(ran)
+    if not ends_anyway and own_end != last:
+      return None
+    at, stop = end(replay)
+    if stop is not None and stop <= last:
+      out[name] = (stop, True)
+    else:   # no stop, or its run-on ends past the record: the cap (or a collapse) ended it
+      out[name] = (last if ends_anyway else None, at is not None)
+  return out
+
+
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
                  target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo",
                  recover_domain: str | None = None, bootstrap: int = 1000,
                  confidence: float = 0.95, seed: int = 0,
-                 levels: Sequence[float] = (0.5, 0.75, 0.9, 0.95)) -> dict:
+                 levels: Sequence[float] = (0.5, 0.75, 0.9, 0.95),
+                 flat_rule: dict | None = None) -> dict:
   """The report dict: {"arms": {name: {figure: summary}}, "frontier": {mode: {level: {figure:
   summary}, "sets": ...}}, "verdicts": [...], ...}.
 
@@ -363,6 +429,9 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   `confidence`, drawn with numpy seed `seed` (smjax.study.stats). `levels`: the frontier's
   accuracy levels as fractions of the reference arm's gain (seed_figures); `target_fraction`
   must be one of them when the frontier is reported (its verdicts read that level).
+  `flat_rule`: `replay_distillation`'s keywords: the frontier is read again with MOPD's flat rule
+  replayed at another span (modes "<mode>:replayed"; "flat_rule" in the report says which, and
+  the seeds whose records it could not replay).
   """
   levels = tuple(float(x) for x in levels)
   if levels and target_fraction not in levels:
@@ -383,9 +452,11 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
              for s, seed_arms in by_seed.items()}
   rng = np.random.default_rng(seed)
   reps = stats.draws(prompts, bootstrap, rng) if bootstrap and all(prompts.values()) else []
+  replayed = ({s: replay_distillation(seed_arms, **flat_rule) for s, seed_arms in by_seed.items()}
+              if flat_rule else {})
   per_seed = lambda s, idx: seed_figures(  # noqa: E731
       by_seed[s], idx, target_fraction=target_fraction, reference_arm=reference_arm,
-      recover_domain=rec_d, target=target, levels=levels)
+      recover_domain=rec_d, target=target, levels=levels, replayed=replayed.get(s))
   summary = stats.summarise(per_seed, stats.identity(prompts), reps, confidence)
   out = {"reference_arm": reference_arm, "recover_domain": rec_d, "confidence": confidence,
          "bootstrap": len(reps), "seeds": sorted(by_seed), "target_fraction": target_fraction,
@@ -411,6 +482,10 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
     v = summary.get(f"_study|{key}")
     out[field] = None if v is None else stats.jsonable(v)
   out["frontier"] = _frontier_summary(summary, by_seed)
+  if flat_rule:
+    out["flat_rule"] = {"ran": flat_rule["ran"], "replayed": flat_rule["replay"],
+                        "evals": flat_rule["evals"],
+                        "not_replayed": sorted(s for s, r in replayed.items() if r is None)}
   out["verdicts"] = verdicts(out)
   return out
 

@@ -378,10 +378,25 @@ def make_report(config: mlc.ConfigDict, arms: list[ArmResult], out_dir: str) -> 
                         recover_domain=(config.self_teacher.recover_domain
                                         if "self_teacher" in config.phases else None),
                         bootstrap=int(config.report.bootstrap),
-                        confidence=float(config.report.confidence))
+                        confidence=float(config.report.confidence),
+                        flat_rule=flat_rule_replay(config))
   report["paths"] = write_report(report, arms, out_dir)
   report["table"] = format_table(report)
   return report
+
+
+def flat_rule_replay(config: mlc.ConfigDict) -> dict | None:
+  """The other flat rule a report reads MOPD under (report.replay_distillation), so that a
+  verdict the rule could move is seen under both: without the FLOPs span where the study ran with
+  one, with rules.FLAT_SPAN where it ran without. None for a study without MOPD, or from before
+  MOPD had a flat rule and a run-on."""
+  m = config.get("mopd") or {}
+  if "mopd" not in config.phases or "plateau_evals" not in m or "run_on" not in config:
+    return None
+  ran = float(m.get("plateau_flops_fraction", 0.0))
+  return {"evals": int(m.plateau_evals), "tol": float(m.plateau_tol), "ran": ran,
+          "replay": 0.0 if ran > 0 else rules.FLAT_SPAN, "cap": int(m.steps),
+          "run_on": (int(config.run_on.evals), float(config.run_on.flops_fraction))}
 
 
 class DegradationError(ValueError):

@@ -143,6 +143,34 @@ FRONTIER_READINGS = (
      "every domain, better route's"))
 
 
+# The frontier's modes read again with MOPD's flat rule replayed (smjax.study.report).
+REPLAYED = ":replayed"
+
+
+def replay_differs(front: dict, modes, levels=None) -> bool:
+  """Whether a report's frontier (`front`) read under the replayed flat rule differs from the
+  frontier as run, in any of `modes` at any of `levels` (None: every level): a different
+  split-then-merge figure, bound or cheapest set on some seed."""
+  for mode in modes:
+    for level, at in (front.get(mode) or {}).items():
+      if levels is not None and level not in levels:
+        continue
+      again = (front.get(mode + REPLAYED) or {}).get(level) or {}
+      if any((at.get(k) or {}).get(f) != (again.get(k) or {}).get(f)
+             for k in ("split", "saving") for f in ("per_seed", "per_seed_bound")):
+        return True
+      if at.get("sets") != again.get("sets"):
+        return True
+  return False
+
+
+def flat_rule_text(fraction: float, evals: int) -> str:
+  """MOPD's flat rule (rules.Plateau) in words: "flat over 3 evaluations" and, with a FLOPs span,
+  "and 25% more of its own FLOPs"."""
+  return f"flat over {evals} evaluations" + (
+      f" and {100 * fraction:.0f}% more of its own FLOPs" if fraction else "")
+
+
 def claim_a_head(level: float, of: str | None, ref: str, where: str) -> str:
   """The start of claim (a)'s verdict line for one reading at `level` (what a map finds it by)."""
   whose = of or f"{ref}'s"
@@ -192,7 +220,10 @@ def cell_reading(row: dict) -> tuple[str, str]:
   counts = "; ".join(f"on {name} {sg.count(1)} cheaper, {sg.count(-1)} dearer"
                      + (f", {sg.count(None)} open" if None in sg else "")
                      for name, sg in zip(names, signs))
-  return UNRESOLVED, f"the seeds differ in sign: {counts}; more seeds would settle it"
+  if any(1 in sg and -1 in sg for sg in signs):
+    return UNRESOLVED, f"the seeds differ in sign: {counts}; more seeds would settle it"
+  return UNRESOLVED, (f"censored seeds leave the sign open: {counts}; runs carried on past "
+                      "their ends would settle it")
 
 
 def verdicts(report: dict) -> list[str]:
@@ -218,6 +249,24 @@ def verdicts(report: dict) -> list[str]:
     lines.append(f"{claim_a_head(level, of, ref, where)}: " + _saving_line(
         "split-then-merge", at["saving"], ref, at["split"], point)
         + f" ({_flops(at['split'])} against {_flops(at['joint'])}{which})")
+  flat = report.get("flat_rule")
+  readings = [r for r in FRONTIER_READINGS[::2]   # mean and mean_best
+              if "saving" in (front.get(r[0] + REPLAYED) or {}).get(f"{level:g}", {})]
+  rule, ran = ((flat_rule_text(flat[k], flat["evals"]) for k in ("replayed", "ran")) if flat
+               else ("", ""))
+  if readings and not replay_differs(front, [r[0] for r in readings], [f"{level:g}"]):
+    lines.append(f"(a) the same on each seed with MOPD stopped on a curve {rule} (replayed on the "
+                 f"same runs, which stopped on one {ran})")
+    readings = []
+  for mode, of, where, _ in readings:
+    at = front[mode + REPLAYED][f"{level:g}"]
+    sets = [x.partition("@")[2] or "final" for x in at.get("sets") or [] if x]
+    whose = of or f"{ref}'s"
+    lines.append(
+        f"(a) with MOPD stopped on a curve {rule} (replayed on the same runs, which stopped on "
+        f"one {ran}), at {100 * level:.0f}% of {whose} gain ({where}): "
+        + _saving_line("split-then-merge", at["saving"], ref, at["split"], point)
+        + (f"; cheapest expert stop: {', '.join(sets)}" if sets else ""))
   at = (front.get("mean") or {}).get(f"{level:g}") or {}
   if "distillation_share" in at and not math.isnan(stats.number(at["distillation_share"]["mean"])):
     lines.append(f"(b) distillation cost {_pct(at['distillation_share'])} of the experts' "
