@@ -68,10 +68,14 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
 def frontier_rows(report: dict, suffix: str = "") -> list[list[str]]:
   """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
   distillation's share and which expert stop was cheapest (per seed). `suffix`: the modes read
-  with MOPD's flat rule replayed (verdicts.REPLAYED)."""
+  with MOPD's flat rule replayed (verdicts.REPLAYED), the rows that differ from the frontier as
+  run only."""
   rows = []
+  front = report.get("frontier") or {}
   for mode, _, _, where in FRONTIER_READINGS:
-    for level, at in (report.get("frontier") or {}).get(mode + suffix, {}).items():
+    for level, at in front.get(mode + suffix, {}).items():
+      if suffix and not replay_differs(front, [mode], [level]):
+        continue
       sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
       bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa
       rows.append([f"{100 * float(level):.0f}%", where, _ci(at.get("joint")),
@@ -154,11 +158,10 @@ def format_table(report: dict, width: int | None = None) -> str:
                   drop=("saving, stops between bars: at most", "bracket joint / split",
                         "cheapest expert stop per seed", "distill/experts"))
   flat = report.get("flat_rule")
-  # The frontier under MOPD's other flat rule, where it differs from the one as run.
-  rows = (frontier_rows(report, REPLAYED) if flat and replay_differs(
-      report.get("frontier") or {}, [m for m, *_ in FRONTIER_READINGS]) else [])
+  # The frontier under MOPD's other flat rule: its rows that differ from the one as run.
+  rows = frontier_rows(report, REPLAYED) if flat else []
   if rows:
-    out += _table(f"The same frontier with MOPD stopped on a curve "
+    out += _table(f"Where the frontier differs with MOPD stopped on a curve "
                   f"{flat_rule_text(flat['replayed'], flat['evals'])}, replayed on the same runs "
                   f"(which stopped on one {flat_rule_text(flat['ran'], flat['evals'])}; a run "
                   "that would have gone on past its record is censored where it ends"
