@@ -35,8 +35,7 @@ from typing import Sequence
 import numpy as np
 
 from smjax.ledger import flops_to_reach
-from smjax.study import stats
-from smjax.study import rules
+from smjax.study import rules, stats
 from smjax.study.rules import captured, mean_accuracy as _mean, stop_accuracy
 from smjax.study.verdicts import verdicts
 
@@ -400,14 +399,13 @@ def replay_distillation(seed_arms: dict[str, ArmResult], *, evals: int, tol: flo
 
     last = len(arm.curve) - 1
     ends_anyway = int(arm.curve[-1].get("step", -1)) >= cap or bool(arm.collapsed)
-    own_at, own_end = end(ran)
-    if not ends_anyway and own_end != last:
+    if not ends_anyway and end(ran)[1] != last:
       return None
-    at, stop = end(replay)
-    if stop is not None and stop <= last:
-      out[name] = (stop, True)
+    stopped_at, ends_at = end(replay)
+    if ends_at is not None and ends_at <= last:
+      out[name] = (ends_at, True)
     else:   # no stop, or its run-on ends past the record: the cap (or a collapse) ended it
-      out[name] = (last if ends_anyway else None, at is not None)
+      out[name] = (last if ends_anyway else None, stopped_at is not None)
   return out
 
 
