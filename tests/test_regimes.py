@@ -281,9 +281,12 @@ def test_a_cell_is_read_by_the_maps_rule():
            "mean_best": {"saving": s([-0.5, -0.2, 0.08], [0, 0, 1])}}
   reading, why = verdicts.cell_reading(mixed)
   assert reading == verdicts.UNRESOLVED and "1 cheaper, 2 dearer" in why and "differ" in why
-  opened = {"mean": {"saving": s([-0.5, -0.2, -0.4], [0, 0, 1])}}   # "≥ -40 %": sign open
+  opened = {"mean": {"saving": s([-0.5, -0.2, -0.4], [0, 0, 1]),   # "≥ -40 %": sign open
+                     "capture_needed": s([None, None, 1.2]), "capture_reached": s([None, None,
+                                                                                 0.97])}}
   reading, why = verdicts.cell_reading(opened)
   assert reading == verdicts.UNRESOLVED and "1 open" in why and "leave the sign open" in why
+  assert why.endswith("(their students would need 120 % of their teachers' gain; they had 97 %)")
   assert verdicts.cell_reading({})[0] == verdicts.UNRESOLVED
   # The map's plot labels each cell with its reading and draws censored seeds as triangles.
   import io  # pylint: disable=import-outside-toplevel

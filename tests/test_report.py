@@ -956,6 +956,11 @@ def test_mopd_is_read_under_both_flat_rules():
     assert again["split"]["mean"] == pytest.approx(174.0 if ran else split)
     assert again["saving"]["mean"] == pytest.approx(1 - 174 / 180 if ran else saving)
     assert again["saving"]["bound"] == (0 if ran else -1)
+  # The censored replay: its student (teachers at .7 over a base at .2) would need
+  # (.56 - .2) / .5 = 72 % of their gain and had (.521 - .2) / .5 = 64.2 % where its record ends.
+  assert again["capture_needed"]["mean"] == pytest.approx(0.72)
+  assert again["capture_reached"]["mean"] == pytest.approx(0.642)
+  assert mean["capture_needed"]["per_seed"] == [None]     # an exact figure (nan) needs none
   # Both readings in the verdicts and the tables (here: the rule without the span replayed).
   rep = build_report(list(spanned.values()), bootstrap=0, levels=(0.9,),
                      flat_rule=dict(rule, ran=0.25, replay=0.0))

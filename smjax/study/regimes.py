@@ -314,7 +314,7 @@ def cell_row(name: str, cell_dir: str, out_dir: str, bootstrap: int | None = Non
   row["level"] = float(config.report.target_fraction)
   row["interval"] = report.get("interval")
   keys = ("saving", "distillation_share", "joint", "split", "sets", "grid_step",
-          "saving_finer_bars")
+          "saving_finer_bars", "capture_needed", "capture_reached")
   for on, of, where, _ in FRONTIER_READINGS:
     f = (report.get("frontier") or {}).get(on, {}).get(level) or {}
     if "saving" not in f:

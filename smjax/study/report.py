@@ -189,7 +189,9 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
   a share of its FLOPs), "grid_step" (how far below the figure the experts one bar down start,
   as a share of it: `_grid_step`), "saving_finer_bars" (the saving with the figure lowered by
   that step: the most that expert stops between the bars could show, if a stop below the next
-  bar down gets there no cheaper), "set" (which set, as its index in `split_sets`).
+  bar down gets there no cheaper), "set" (which set, as its index in `split_sets`),
+  "capture_needed" / "capture_reached" (a censored figure on the mean: the share of its
+  teachers' gain the chosen set's student would need to reach the level, and had: `_capture_gap`).
   `replayed` ({set: (end, reached)}, `replay_distillation`): the same figures again under modes
   "<mode>:replayed", each set's distillation cut where it would have ended under another flat
   rule (end None: it would have run past its record, read as it stands and censored there)."""
@@ -347,7 +349,28 @@ def _frontier(arms, acc, final, sets, reference_arm, levels, replayed=None) -> d
       out[key + "saving_finer_bars"] = (
           math.nan if math.isnan(step) else _saving(stats.value_of(split) * (1 - step), joint))
       out[key + "set"] = float(sets.index(label))
+      out[key + "capture_needed"], out[key + "capture_reached"] = (
+          _capture_gap(arms, acc, base, chosen, mark, split_xs[label])
+          if stats.side_of(split) > 0 and mode.startswith("mean") else (math.nan, math.nan))
   return out
+
+
+def _capture_gap(arms, acc, base, chosen: ArmResult, mark: float, xs) -> tuple[float, float]:
+  """For a censored split-then-merge figure on the mean: the share of its teachers' gain (over
+  the base, mean over domains, the teachers read where they were stopped) its student would
+  have to capture to reach `mark`, and the share it had where its curve (`xs`) ends; nan when
+  the set has no teachers to read or they gained nothing. A student that ends near its
+  teachers and would need well over 100 % of their gain has a bound that is open only in
+  principle."""
+  if not xs or not chosen.teachers or any(t not in arms for t in chosen.teachers.values()):
+    return math.nan, math.nan
+  teacher = {d: _at_step(arms[t], acc[t], (chosen.experts_at.get(d) or {}).get("step"))[d]
+             for d, t in chosen.teachers.items()}
+  start = _mean({d: base[d] for d in teacher})
+  gain = _mean(teacher) - start
+  if gain <= 0 or set(teacher) != set(base):
+    return math.nan, math.nan
+  return (mark - start) / gain, (xs[-1][1] - start) / gain
 
 
 def _grid_step(split, chosen: ArmResult, sets: Sequence[ArmResult]) -> float:

@@ -223,7 +223,25 @@ def cell_reading(row: dict) -> tuple[str, str]:
   if any(1 in sg and -1 in sg for sg in signs):
     return UNRESOLVED, f"the seeds differ in sign: {counts}; more seeds would settle it"
   return UNRESOLVED, (f"censored seeds leave the sign open: {counts}; runs carried on past "
-                      "their ends would settle it")
+                      "their ends would settle it" + _capture_note(readings, signs))
+
+
+def _capture_note(readings: list[dict], signs: list[list]) -> str:
+  """For the seeds whose sign is open: the share of its teachers' gain each one's cheapest
+  set's student would need to reach the level, against what it had (report._capture_gap)."""
+  pairs = []
+  for r, sg in zip(readings, signs):
+    need = (r.get("capture_needed") or {}).get("per_seed") or []
+    had = (r.get("capture_reached") or {}).get("per_seed") or []
+    pairs += [(stats.number(need[i]), stats.number(had[i])) for i, x in enumerate(sg)
+              if x is None and i < min(len(need), len(had))]
+  pairs = sorted({p for p in pairs if all(math.isfinite(v) for v in p)})
+  if not pairs:
+    return ""
+  span = lambda xs: (f"{100 * min(xs):.0f}" + (f"-{100 * max(xs):.0f}" if  # noqa: E731
+                                               round(100 * max(xs)) != round(100 * min(xs)) else ""))
+  return (f" (their students would need {span([n for n, _ in pairs])} % of their teachers' "
+          f"gain; they had {span([h for _, h in pairs])} %)")
 
 
 def verdicts(report: dict) -> list[str]:
