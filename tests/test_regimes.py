@@ -292,7 +292,10 @@ def test_a_cell_is_read_by_the_maps_rule():
   import io  # pylint: disable=import-outside-toplevel
   from unittest import mock  # pylint: disable=import-outside-toplevel
   import matplotlib.axes  # pylint: disable=import-outside-toplevel
-  rows = [{"cell": n, **r} for n, r in (("a", split), ("b", joint), ("c", old), ("d", mixed))]
+  # A cell read differently under MOPD's other flat rule says so; one read alike does not.
+  rows = [{"cell": n, **r} for n, r in (("a", split | {"replayed": split}),
+                                        ("b", joint | {"replayed": split}), ("c", old),
+                                        ("d", mixed))]
   buf, ticks, markers = io.BytesIO(), [], []
   real_ticks, real_plot = matplotlib.axes.Axes.set_yticks, matplotlib.axes.Axes.plot
   with mock.patch.object(matplotlib.axes.Axes, "set_yticks", autospec=True,
@@ -304,8 +307,9 @@ def test_a_cell_is_read_by_the_maps_rule():
                          or real_plot(ax, *a, **k)):
     regimes.plot_map({"cells": rows}, buf)
   assert buf.getvalue()[:8] == b"\x89PNG\r\n\x1a\n"
-  assert ticks == ["a\nfavours splitting", "b\nunresolved", "c\nfavours joint GRPO (at the bars)",
-                   "d\nunresolved"]
+  assert ticks == ["a\nfavours splitting",
+                   "b\nunresolved\n(other flat rule: favours splitting)",
+                   "c\nfavours joint GRPO (at the bars)", "d\nunresolved"]
   assert ">" in markers and "<" in markers and "x" in markers
 
 

@@ -411,8 +411,8 @@ def plot_map(data: dict, path) -> None:
   """Each cell's saving at the level (mean over domains) with its interval and its seeds' values
   (a censored seed as a triangle pointing where its true value lies), the level read as a share
   of joint GRPO's gain and, just below it, of the better route's; each cell labelled with its
-  reading by the map's rule (verdicts.cell_reading); 0 (the routes cost the same) and the
-  paper's 42 % marked. `path`: a file name or a binary file object (PNG)."""
+  reading by the map's rule (verdicts.cell_reading), and under MOPD's other flat rule where
+  that differs; 0 (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -439,8 +439,13 @@ def plot_map(data: dict, path) -> None:
   ax.axvline(0, color="k", lw=0.8)
   ax.axvline(42, color="C2", ls="--", lw=0.8, label="the paper's 42 %")
   short = {JOINT_AT_BARS: "favours joint GRPO (at the bars)"}   # the others fit as they are
-  ax.set_yticks(range(len(rows)), [f"{r['cell']}\n{short.get(w, w)}"
-                                   for r in rows for w in [cell_reading(r)[0]]], fontsize=8)
+
+  def label(r):   # the cell, its reading, and its reading under the other flat rule if it differs
+    w = cell_reading(r)[0]
+    other = cell_reading(r["replayed"])[0] if (r.get("replayed") or {}).get("mean") else w
+    return f"{r['cell']}\n{short.get(w, w)}" + (
+        "" if other == w else f"\n(other flat rule: {short.get(other, other)})")
+  ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=7)
   ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)")
   ax.set_title("The regime map: each cell's mean [interval] and its seeds")
   ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
