@@ -286,7 +286,8 @@ def test_a_cell_is_read_by_the_maps_rule():
                                                                                  0.97])}}
   reading, why = verdicts.cell_reading(opened)
   assert reading == verdicts.UNRESOLVED and "1 open" in why and "leave the sign open" in why
-  assert why.endswith("(their students would need 120 % of their teachers' gain; they had 97 %)")
+  assert why.endswith("; the open seeds' students would need 120 % of their teachers' gain to "
+                      "get there, and had 97 %")
   assert verdicts.cell_reading({})[0] == verdicts.UNRESOLVED
   # The map's plot labels each cell with its reading and draws censored seeds as triangles.
   import io  # pylint: disable=import-outside-toplevel

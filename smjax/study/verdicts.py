@@ -238,10 +238,12 @@ def _capture_note(readings: list[dict], signs: list[list]) -> str:
   pairs = sorted({p for p in pairs if all(math.isfinite(v) for v in p)})
   if not pairs:
     return ""
-  span = lambda xs: (f"{100 * min(xs):.0f}" + (f"-{100 * max(xs):.0f}" if  # noqa: E731
-                                               round(100 * max(xs)) != round(100 * min(xs)) else ""))
-  return (f" (their students would need {span([n for n, _ in pairs])} % of their teachers' "
-          f"gain; they had {span([h for _, h in pairs])} %)")
+
+  def span(xs):   # "118-122" (percent), or one value
+    lo, hi = (f"{100 * x:.0f}" for x in (min(xs), max(xs)))
+    return lo if lo == hi else f"{lo}-{hi}"
+  return (f"; the open seeds' students would need {span([n for n, _ in pairs])} % of their "
+          f"teachers' gain to get there, and had {span([h for _, h in pairs])} %")
 
 
 def verdicts(report: dict) -> list[str]:
