@@ -38,6 +38,7 @@ from smjax.ledger import flops_to_reach
 from smjax.study import rules, stats
 from smjax.study.rules import captured, mean_accuracy as _mean, stop_accuracy
 from smjax.study.verdicts import verdicts
+from smjax.train.loop import first_hold, run_on_end
 
 
 @dataclasses.dataclass
@@ -102,6 +103,14 @@ def _at_step(arm: ArmResult, values: list[dict], step) -> dict:
   one when `step` is None or not on the curve."""
   at = [v for p, v in zip(arm.curve, values) if step is not None and p.get("step") == step]
   return at[-1] if at else values[-1]
+
+
+def _teachers(arm: ArmResult, arms: dict, values: dict) -> dict:
+  """{domain: accuracy} of a distillation arm's teachers, each on its own domain and read where
+  it was stopped for this arm (`experts_at`), from `values` ({arm name: one {domain: accuracy}
+  per curve point})."""
+  return {d: _at_step(arms[t], values[t], (arm.experts_at.get(d) or {}).get("step"))[d]
+          for d, t in arm.teachers.items()}
 
 
 def _reach(xs, target):
@@ -258,8 +267,7 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
     if a.teachers and all(t in arms for t in a.teachers.values()) and a.start in arms:
       start = {d: final[a.start][d] for d in a.teachers}
       # A checkpoint set's teachers are the experts where they were stopped, not their ends.
-      teacher = {d: _at_step(arms[t], acc[t], (a.experts_at.get(d) or {}).get("step"))[d]
-                 for d, t in a.teachers.items()}
+      teacher = _teachers(a, arms, acc)
       for d in a.teachers:
         gain = teacher[d] - start[d]
         f[f"headroom/{d}"] = (final[name][d] - start[d]) / gain if gain > 0 else math.nan
@@ -364,8 +372,7 @@ def _capture_gap(arms, acc, base, chosen: ArmResult, mark: float, xs) -> tuple[f
   principle."""
   if not xs or not chosen.teachers or any(t not in arms for t in chosen.teachers.values()):
     return math.nan, math.nan
-  teacher = {d: _at_step(arms[t], acc[t], (chosen.experts_at.get(d) or {}).get("step"))[d]
-             for d, t in chosen.teachers.items()}
+  teacher = _teachers(chosen, arms, acc)
   start = _mean({d: base[d] for d in teacher})
   gain = _mean(teacher) - start
   if gain <= 0 or set(teacher) != set(base):
@@ -409,16 +416,15 @@ def replay_distillation(seed_arms: dict[str, ArmResult], *, evals: int, tol: flo
     if not arm.curve or arm.capture_fraction is None or any(
         t not in seed_arms for t in arm.teachers.values()):
       return None
-    teacher = {d: stop_accuracy(_at_step(seed_arms[t], seed_arms[t].curve,
-                                         (arm.experts_at.get(d) or {}).get("step")))[d]
-               for d, t in arm.teachers.items()}
+    teacher = _teachers(arm, seed_arms, {t: [stop_accuracy(p) for p in seed_arms[t].curve]
+                                         for t in arm.teachers.values()})
 
     def end(fraction):   # (stop index, end index) under the flat rule with this span
-      at = rules.first_hold(arm.curve, rules.all_rules(
+      at = first_hold(arm.curve, rules.all_rules(
           rules.capture_rule(start, teacher, arm.capture_fraction),
           rules.Plateau(evals, tol, fraction, offset=arm.expert_flops)))
       return at, (None if at is None else
-                  rules.run_on_end(arm.curve, at, *run_on, offset=arm.expert_flops))
+                  run_on_end(arm.curve, at, *run_on, offset=arm.expert_flops))
 
     last = len(arm.curve) - 1
     ends_anyway = int(arm.curve[-1].get("step", -1)) >= cap or bool(arm.collapsed)

@@ -102,24 +102,6 @@ class Plateau:
 FLAT_SPAN = 0.25
 
 
-def first_hold(curve, rule) -> int | None:
-  """The index of the first point of `curve` at which `rule` holds, asking it about each point
-  in order until then, as run_rl asks a stop rule after each evaluation; None when it never holds
-  (or `rule` is None)."""
-  if rule is None:
-    return None
-  return next((i for i, p in enumerate(curve) if rule(p)), None)
-
-
-def run_on_end(curve, at: int, evals: int, fraction: float, offset: float = 0.0) -> int | None:
-  """The index of the point at which a run that met its stop rule at point `at` has run on far
-  enough and ends (run_rl's `run_on`: at least `evals` more evaluations and `fraction` more of
-  its own FLOPs, a point's "flops" less `offset`); None when the curve ends before that."""
-  own = lambda i: float(curve[i]["flops"]) - offset  # noqa: E731
-  return next((j for j in range(at + evals, len(curve))
-               if own(j) >= (1 + fraction) * own(at)), None)
-
-
 def all_rules(*rules):
   """The rule that holds when every given rule (None: no rule) holds; None when none given.
   Every rule is asked about every point (no short cut), so that a rule with a memory (`Plateau`)

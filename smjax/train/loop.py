@@ -315,6 +315,26 @@ def _next_eval(every: float, done_flops: float, growth: float = 0.0,
   return nxt
 
 
+def first_hold(curve: Sequence[dict], rule: Callable[[dict], bool] | None) -> int | None:
+  """The index of the first point of `curve` at which the stop rule `rule` holds, asking it about
+  each point in order until then (as run_rl does after each evaluation, and again over the whole
+  curve when a run resumes); None when it never holds (or `rule` is None). A report replays
+  another rule on a recorded curve with it (smjax.study.report.replay_distillation)."""
+  if rule is None:
+    return None
+  return next((i for i, p in enumerate(curve) if rule(p)), None)
+
+
+def run_on_end(curve: Sequence[dict], at: int, evals: int, fraction: float,
+               offset: float = 0.0) -> int | None:
+  """The index of the point at which a run that met its stop rule at point `at` has run on far
+  enough and ends (run_rl's `run_on`: at least `evals` more evaluations and `fraction` more of
+  its own FLOPs, a point's "flops" less `offset`); None when the curve ends before that."""
+  own = lambda i: float(curve[i]["flops"]) - offset  # noqa: E731
+  return next((j for j in range(at + evals, len(curve))
+               if own(j) >= (1 + fraction) * own(at)), None)
+
+
 def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
            make_batch: Callable, sampler: Sampler, tokenizer, prompts: Iterator[Sequence],
            verify: Callable[[Sequence, Sequence[str]], Sequence[float]], evaluator=None,
@@ -402,17 +422,10 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     return m
 
   def stop_index():
-    if stop_at is None:
-      return None
-    return next((i for i, p in enumerate(prog.curve) if stop_at(p)), None)
+    return first_hold(prog.curve, stop_at)
 
-  def ran_on(at) -> bool:
-    evals, frac = run_on
-    if at is None:
-      return False
-    own = lambda p: p["flops"] - flops_offset  # noqa: E731
-    return (len(prog.curve) - 1 - at >= evals and
-            own(prog.curve[-1]) >= (1 + frac) * own(prog.curve[at]))
+  def ran_on(at) -> bool:   # the run has run on far enough past `at` by its last point
+    return at is not None and run_on_end(prog.curve, at, *run_on, offset=flops_offset) is not None
 
   if evaluator is not None and prog.step == 0 and not prog.curve:
     evaluate(state, 0)
