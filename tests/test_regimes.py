@@ -34,7 +34,7 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
   cell = regimes.cell(name)
   teachers = name in ("shared_even", "interfering_even") and not tiny
   assert c.phases == ("base", "joint", "experts", "mopd") + (("external",) if teachers else ())
-  assert c.eval.greedy == (name == "shared_even" and not tiny)
+  assert c.eval.greedy == (name in ("shared_even", "strong_to_weak") and not tiny)
   assert c.experts.prompts_per_step == 0   # experts at the per-domain batch in every cell
   skills = {"shared": {"math", "code"}, "disjoint": {"math", "strings"},
             "interfering": {"add", "sub"}}
@@ -155,13 +155,14 @@ def test_shared_even_is_the_full_two_domain_study_and_shares_its_seeds(tmp_path,
   saved = json.loads((maps / "shared_even" / "config.json").read_text())
   assert saved["name"] == "regimes/shared_even" and "external" in saved["phases"]
   assert regimes.share(str(study), str(maps), "shared_even") == []   # again: nothing to do
-  with pytest.raises(ValueError, match=r"same as no study; cells that are: \['shared_even'\]"):
+  with pytest.raises(ValueError, match=r"same as no study; cells that are: \['shared_even', "
+                     r"'strong_to_weak'\]"):
     regimes.share(str(study), str(maps), "sparse")
   other = _study_config("two_domain,full")
   other.rl.learning_rate = 3e-4
   (study / "config.json").write_text(json.dumps(other.to_dict()))
   with pytest.raises(ValueError, match=r"config.json: not a study the cell 'shared_even' can "
-                     r"share .*rl.learning_rate: 0.0003 -> 0.0001"):
+                     r"share it with .*rl.learning_rate: 0.0003 -> 0.0001"):
     regimes.share(str(study), str(maps), "shared_even")
   (study / "config.json").write_text(json.dumps(main.to_dict()))
   (study / "seed_2").mkdir()
@@ -169,6 +170,60 @@ def test_shared_even_is_the_full_two_domain_study_and_shares_its_seeds(tmp_path,
   assert regimes.main(["share", str(study), str(maps)]) == 2
   err = capsys.readouterr().err.strip()
   assert "seed_2 exists and is not a link" in err and len(err.splitlines()) == 1
+
+
+def test_strong_to_weak_shares_the_full_studys_student_base_and_joint_grpo(tmp_path, capsys):
+  """strong_to_weak differs from the full two-domain study in its experts (and what follows
+  them), not in the fields the student's base and joint GRPO read, so `share` lends it those two
+  phases of that study's seeds (finished ones only) with each seed's evaluation grid, copied; a
+  study differing in a field they read, and a cell seed on another grid, are refused."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  full = _study_config("two_domain,full")
+  cell = regimes.cell_config("strong_to_weak")
+  whole = config_diff(full.to_dict(), cell.to_dict(), study_config.RUN_NEUTRAL_FIELDS)
+  assert any(d.startswith("experts.preset") for d in whole), whole   # not the same study
+  assert regimes.cell("strong_to_weak").shares == ("base", "joint_grpo")
+  study = tmp_path / "two_full"
+  for k, done in ((0, ("base", "joint_grpo")), (1, ("base",))):
+    for p in ("base", "joint_grpo"):
+      (study / f"seed_{k}" / p).mkdir(parents=True)
+    for p in done:
+      (study / f"seed_{k}" / p / "result.json").write_text("{}")
+    (study / f"seed_{k}" / "eval_interval.json").write_text(json.dumps({"every_flops": k + 1.5}))
+  (study / "config.json").write_text(json.dumps(full.to_dict()))
+  maps = tmp_path / "map"
+  assert regimes.main(["share", str(study), str(maps), "--cell", "strong_to_weak"]) == 0
+  assert "strong_to_weak: linked 3 phase directories" in capsys.readouterr().out
+  here = maps / "strong_to_weak"
+  for k, p in ((0, "base"), (0, "joint_grpo"), (1, "base")):
+    assert (here / f"seed_{k}" / p).is_symlink()
+    assert (here / f"seed_{k}" / p).resolve() == (study / f"seed_{k}" / p).resolve()
+  assert not (here / "seed_1" / "joint_grpo").exists()   # unfinished: the cell runs it itself
+  for k in (0, 1):
+    grid = here / f"seed_{k}" / "eval_interval.json"
+    assert not grid.is_symlink() and json.loads(grid.read_text()) == {"every_flops": k + 1.5}
+  assert json.loads((here / "config.json").read_text())["experts"]["preset"] == "toy-small"
+  assert regimes.share(str(study), str(maps), "strong_to_weak") == []   # again: nothing to do
+  (study / "seed_1" / "joint_grpo" / "result.json").write_text("{}")   # finished since
+  assert regimes.share(str(study), str(maps), "strong_to_weak") == [
+      str(here / "seed_1" / "joint_grpo")]
+  other = _study_config("two_domain,full")
+  other.joint.steps = 600
+  (study / "config.json").write_text(json.dumps(other.to_dict()))
+  with pytest.raises(ValueError, match=r"can share its base, joint_grpo with .*joint.steps: "
+                     r"600 -> 800"):
+    regimes.share(str(study), str(maps), "strong_to_weak")
+  (study / "config.json").write_text(json.dumps(full.to_dict()))
+  (study / "seed_2" / "base").mkdir(parents=True)
+  (study / "seed_2" / "base" / "result.json").write_text("{}")
+  (study / "seed_2" / "eval_interval.json").write_text(json.dumps({"every_flops": 9.0}))
+  (here / "seed_2").mkdir()
+  (here / "seed_2" / "eval_interval.json").write_text(json.dumps({"every_flops": 8.0}))
+  with pytest.raises(ValueError, match=r"seed_2/eval_interval.json: the cell's seed is on "
+                     "another evaluation grid"):
+    regimes.share(str(study), str(maps), "strong_to_weak")
+  assert not (here / "seed_2" / "base").exists()   # refused before anything was written
 
 
 def test_zero_advantage_share_per_domain_or_over_all_domains_for_older_runs(tmp_path):

@@ -58,7 +58,8 @@ class Cell:
   (`skill`, `difficulty`; `extra` for the cells beside the grid), what it tests in words, and its
   config overrides (dotted field -> value) on the full study's settings. `same_as`: a study
   config (`configs/<file>.py:<arg>`) whose every phase this cell's would compute alike, so that
-  a workdir of that study lends the cell its seeds (`share`)."""
+  a workdir of that study lends the cell its seeds (`share`); `shares`: where only some phases
+  are alike, their names (a workdir of that study lends the cell those phases)."""
   name: str
   skill: str
   difficulty: str
@@ -66,6 +67,7 @@ class Cell:
   settings: dict[str, Any]
   extra: str = ""
   same_as: str = ""
+  shares: tuple[str, ...] = ()
 
 
 # Shared by every cell: the main comparison at the full study's sizes, three seeds (the map's
@@ -139,8 +141,13 @@ CELLS = (
     Cell("strong_to_weak", "shared", "even",
          "the shared-even cell with GRPO experts of a bigger model (toy-small, from a base of its "
          "own) distilled into the toy-tiny student; joint GRPO on the student is the reference",
-         {"domains": ("math", "code"), "experts.preset": "toy-small", **LATER},
-         extra="strong-to-weak"),
+         # With shared_even's greedy pass, the student's base and joint GRPO read what the full
+         # two-domain study's do, so that study's workdir lends them (`share`): the reference is
+         # shared_even's own runs, and the two cells differ in their experts alone.
+         {"domains": ("math", "code"), "experts.preset": "toy-small", "eval.greedy": True,
+          **LATER},
+         extra="strong-to-weak", same_as="configs/study.py:two_domain,full",
+         shares=("base", "joint_grpo")),
     Cell("sparse", "shared", "even",
          "math and code at their hard levels (at least 3 decision sites of two kinds in every "
          "answer; code's chains up to 51 tokens) with a base far below the usual band (sampled "
@@ -197,14 +204,17 @@ def cell_config(name: str, *, tiny: bool = False) -> mlc.ConfigDict:
 
 
 def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
-  """Lends cell `name` the seeds of a study it is the same as (`Cell.same_as`): each
-  `seed_<k>` directory of `study_workdir` linked under `map_workdir/<name>/`, so that the cell's
+  """Lends cell `name` what a study it is the same as (`Cell.same_as`) has run, as links under
+  `map_workdir/<name>/`: each `seed_<k>` directory of `study_workdir` whole, so that the cell's
   run reuses every phase that study finished (and writes the phases it adds, e.g. the teachers'
-  arms, into the study's seed directories: one study, not two). The study's config.json must
-  agree with the cell's config on every field that is not run-neutral (seeds and phases may
-  differ); each phase is checked again when it is loaded. Writes the cell's config.json when it
-  has none. Local workdirs only (links). Returns the seed directories it linked; a seed
-  directory the cell already has on its own is an error."""
+  arms, into the study's seed directories: one study, not two); or, for a cell alike in some
+  phases only (`Cell.shares`), each seed's finished phases of those names, with the seed's
+  evaluation grid (eval_interval.json, copied), so that the cell computes the rest itself on the
+  same grid. The study's config.json must agree with the cell's on every field that is not
+  run-neutral (seeds and phases may differ), or on every field the shared phases read; each
+  phase is checked again when it is loaded. Writes the cell's config.json when it has none.
+  Local workdirs only (links). Returns the directories it linked; one the cell already has on
+  its own is an error, raised before anything is written."""
   # pylint: disable-next=import-outside-toplevel
   from smjax.study.config import RUN_NEUTRAL_FIELDS, upgrade_old_config
   spec = cell(name)
@@ -217,31 +227,60 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   study_cfg = paths.join(study_workdir, "config.json")
   old = read_json(study_cfg, f"give the workdir of a study run with {spec.same_as}")
   config = cell_config(name)
-  diff = config_diff(upgrade_old_config(old), config.to_dict(), RUN_NEUTRAL_FIELDS)
+  if spec.shares:
+    # pylint: disable-next=import-outside-toplevel
+    from smjax.study import phases, store
+    specs = {s.name: s for s in (phases.BASE, phases.JOINT)}
+    reads = tuple(dict.fromkeys(f for p in spec.shares for f in phases.read_fields(specs[p])))
+    ignored = store.unread_fields(config, reads)
+  else:
+    ignored = RUN_NEUTRAL_FIELDS
+  diff = config_diff(upgrade_old_config(old), config.to_dict(), ignored)
   if diff:
-    raise ValueError(f"{study_cfg}: not a study the cell {name!r} can share (it is "
+    what = f"its {', '.join(spec.shares)}" if spec.shares else "it"
+    raise ValueError(f"{study_cfg}: not a study the cell {name!r} can share {what} with (it is "
                      f"{spec.same_as}); differing fields (study -> cell): " + "; ".join(diff))
   seeds = sorted(d for d in os.listdir(study_workdir)
                  if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
   if not seeds:
     raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
   cell_dir = os.path.join(map_workdir, name)
-  todo = []
+  todo, grids = [], []
   for d in seeds:   # every refusal before anything is written
-    src, dst = os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d)
-    if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
-      continue
-    if os.path.lexists(dst):
-      raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran that seed on "
-                       "its own; move it away to share the study's")
-    todo.append((src, dst))
+    src_seed = os.path.abspath(os.path.join(study_workdir, d))
+    if spec.shares:
+      pairs = [(os.path.join(src_seed, p), os.path.join(cell_dir, d, p)) for p in spec.shares
+               if os.path.exists(os.path.join(src_seed, p, "result.json"))]
+    else:
+      pairs = [(src_seed, os.path.join(cell_dir, d))]
+    for src, dst in pairs:
+      if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
+        continue
+      if os.path.lexists(dst):
+        raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran it on its own; "
+                         "move it away to share the study's")
+      todo.append((src, dst))
+    grid = os.path.join(src_seed, "eval_interval.json")
+    if spec.shares and pairs and os.path.exists(grid):
+      mine = os.path.join(cell_dir, d, "eval_interval.json")
+      if os.path.exists(mine):
+        if read_json(mine, "") != read_json(grid, ""):
+          raise ValueError(f"{mine}: the cell's seed is on another evaluation grid than "
+                           f"{grid}; its phases cannot be shared")
+      else:
+        grids.append((grid, mine))
   os.makedirs(cell_dir, exist_ok=True)
   # The cell's own config.json (as its run writes it), so that the map renders the shared seeds
   # before the cell has run.
   if not os.path.exists(os.path.join(cell_dir, "config.json")):
     paths.write_atomic(os.path.join(cell_dir, "config.json"),
                        json.dumps(config.to_dict(), indent=1))
+  for src, dst in grids:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, encoding="utf-8") as f:
+      paths.write_atomic(dst, f.read())
   for src, dst in todo:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
     os.symlink(src, dst)
   return [dst for _, dst in todo]
 
@@ -460,8 +499,9 @@ def main(argv: list[str] | None = None) -> int:
   sub = p.add_subparsers(dest="cmd", required=True)
   cells = sub.add_parser("cells", help="the cells' names, conditions and domains")
   cells.add_argument("--names", action="store_true", help="the names alone, one per line")
-  sh = sub.add_parser("share", help="lend a cell the seeds of a study it is the same as "
-                      "(shared_even: configs/study.py:two_domain,full)")
+  sh = sub.add_parser("share", help="lend a cell the seeds (or the phases) of a study it is the "
+                      "same as (shared_even: configs/study.py:two_domain,full; strong_to_weak: "
+                      "that study's base and joint GRPO)")
   sh.add_argument("study_workdir")
   sh.add_argument("map_workdir")
   sh.add_argument("--cell", default="shared_even")
@@ -472,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
       print(f"error: {e}", file=sys.stderr)
       return 2
-    print(f"{a.cell}: linked {len(linked)} seed directories from {a.study_workdir}")
+    kind = "phase" if cell(a.cell).shares else "seed"
+    print(f"{a.cell}: linked {len(linked)} {kind} directories from {a.study_workdir}")
     return 0
   if a.cmd == "cells" and a.names:
     print("\n".join(c.name for c in CELLS))
