@@ -230,7 +230,7 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   if spec.shares:
     # pylint: disable-next=import-outside-toplevel
     from smjax.study import phases, store
-    specs = {s.name: s for s in (phases.BASE, phases.JOINT)}
+    specs = {v.name: v for v in vars(phases).values() if isinstance(v, phases.PhaseSpec)}
     reads = tuple(dict.fromkeys(f for p in spec.shares for f in phases.read_fields(specs[p])))
     ignored = store.unread_fields(config, reads)
   else:
