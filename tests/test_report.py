@@ -503,6 +503,16 @@ def test_verdict_lines_follow_the_interval():
   rep["arms"]["external_opd"]["seeds"] = [0, 1, 2, 3, 4]
   assert any("external-teacher OPD vs joint_grpo: not distinguishable" in v
              for v in verdicts(rep)), verdicts(rep)
+  # A length not told from 0 counts the seeds on each side, as a saving does; a clear one counts
+  # the seeds that agree with it.
+  ext = rep["arms"]["external_opd"]
+  ext["length_vs_reference"] = {"mean": .1, "lo": -.2, "hi": .4,
+                                "per_seed": [.2, -.1, .3, 0.0, .1]}
+  assert any(v.endswith("answers are +0.1 tokens [-0.2, +0.4] vs joint_grpo (not distinguishable)"
+                        "; 3 of 5 seeds longer, 1 shorter") for v in verdicts(rep)), verdicts(rep)
+  ext["length_vs_reference"].update(mean=5.0, lo=3.0, hi=7.0, per_seed=[5, 4, 6, 7, -1])
+  assert any(v.endswith("answers are +5.0 tokens [+3.0, +7.0] vs joint_grpo; 4 of 5 seeds agree")
+             for v in verdicts(rep)), verdicts(rep)
 
 
 def test_length_verdict_and_held_out_sets():

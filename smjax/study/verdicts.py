@@ -71,10 +71,11 @@ def _side(v: dict) -> int:
   return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
-def _agree(v: dict, side: int) -> str:
-  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values); a
-  censored seed counts where its bound fixes its sign (stats.seed_signs), and the seeds whose
-  sign it leaves open are named as such."""
+def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -> str:
+  """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values), or for
+  a figure not told from 0 (side 0) how many seeds fall on each side, in `words` (positive,
+  negative); a censored seed counts where its bound fixes its sign (stats.seed_signs), and the
+  seeds whose sign it leaves open are named as such."""
   signs = stats.seed_signs(v)
   if len(signs) < 2:
     return ""
@@ -83,7 +84,7 @@ def _agree(v: dict, side: int) -> str:
               for s, bound in zip(signs, v.get("per_seed_bound") or []))
   tail = f", {open_} censored (sign open)" if open_ else ""
   if side == 0:
-    return (f"; {signs.count(1)} of {n} seeds cheaper, {signs.count(-1)} dearer" + tail)
+    return (f"; {signs.count(1)} of {n} seeds {words[0]}, {signs.count(-1)} {words[1]}" + tail)
   return f"; {signs.count(side)} of {n} seeds agree" + tail
 
 
@@ -305,7 +306,7 @@ def verdicts(report: dict) -> list[str]:
       if not math.isnan(m):  # nan: a curve without lengths
         lines.append(f"(c) {what} answers are {m:+.1f} tokens{ci} vs {ref}"
                      + ("" if _side(d) or point else " (not distinguishable)")
-                     + _agree(d, _side(d) or 1))
+                     + _agree(d, _side(d), ("longer", "shorter")))
   best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
           if "best_accuracy" in arms.get(n, {})]
   if len(best) > 1:
