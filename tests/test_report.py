@@ -584,8 +584,21 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert r["headroom"]["math"]["mean"] == pytest.approx((.5 - .3) / (.6 - .3))
   assert "saving_at_target" not in rep["arms"]["recover_grpo"]
   assert rep["arms"]["joint_grpo"]["flops_to_target"]["mean"] == pytest.approx(170.0)
+  # One seed, bootstrap over prompts: the same saving in every replicate. Claim (d)'s unit, the
+  # factor 1 / (1 - 0.9) = 10, beside it.
   assert ("(d) to recover the degraded domain: self-teacher OPD needs 90.0% [90.0, 90.0] fewer "
-          "FLOPs than GRPO") in rep["verdicts"]
+          "FLOPs than GRPO (10.0x [10.0, 10.0] fewer)") in rep["verdicts"]
+  assert "saving_vs_external" not in r and not any("external-teacher OPD" in v and "(d)" in v
+                                                   for v in rep["verdicts"])
+  # With the external teacher's recovery too: the self teacher against it (math .45 at 22.5).
+  ext = dataclasses.replace(arms[2], arm="recover_external",
+                            curve=_math_only([(0, .3), (30, .5)]),
+                            flops_by_phase={"train/teacher": 30.0}, distill_flops=30.0)
+  rep2 = build_report(arms + [ext], bootstrap=30)
+  assert _exact(rep2["arms"]["recover_self"]["saving_vs_external"], 1 - 7.5 / 22.5)
+  assert _exact(rep2["arms"]["recover_external"]["saving_at_target"], 1 - 22.5 / 75)
+  assert ("(d) to recover the degraded domain: self-teacher OPD needs 66.7% [66.7, 66.7] fewer "
+          "FLOPs than external-teacher OPD (3.0x [3.0, 3.0] fewer)") in rep2["verdicts"]
   # The recovery table: one accuracy column, on math, for every row; degrade has no target.
   table = format_table(rep)
   recovery = table[table.index("Self-teacher recovery of math (target 45.0%"):]

@@ -264,6 +264,10 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
           f["length_vs_reference"] = f["response_length"] - (
               _mean(length[ref][-1]) if a.group == "main" or not on_rec else
               length[ref][-1].get(recover_domain, math.nan))
+        if name == "recover_self" and "recover_external" in arms:
+          # Claim (d) speaks of distillation FLOPs: the self teacher against the external one.
+          f["saving_vs_external"] = _saving(f["flops_to_target"],
+                                            _reach(xs("recover_external"), tgt))
     if a.teachers and all(t in arms for t in a.teachers.values()) and a.start in arms:
       start = {d: final[a.start][d] for d in a.teachers}
       # A checkpoint set's teachers are the experts where they were stopped, not their ends.

@@ -101,13 +101,25 @@ def point_only(report: dict) -> bool:
       "interval", "seeds" if n > 1 else "prompts") != "seeds"
 
 
+def _times(s: dict) -> str:
+  """A clear positive saving s as the factor 1 / (1 - s) by which the FLOPs shrink, its interval
+  mapped the same way (monotone for s < 1): " (3.2x [2.1, 6.9] fewer)"; "" where undefined."""
+  m, lo, hi = (stats.number(s.get(k)) for k in ("mean", "lo", "hi"))
+  if not m < 1:
+    return ""
+  f = lambda x: "inf" if x >= 1 else f"{1 / (1 - x):.1f}"  # noqa: E731
+  ci = "" if math.isnan(lo) or math.isnan(hi) else f" [{f(lo)}, {f(hi)}]"
+  return f" ({f(m)}x{ci} fewer)"
+
+
 def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
-                 point: bool = False, some: str = "") -> str:
+                 point: bool = False, some: str = "", times: bool = False) -> str:
   """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
   reached the level when it stopped, `flops` its FLOPs then; or the reference had not, so the
   saving is at least this) a bound, with seed agreement.
   `point`: the report has no intervals, so the point estimate's sign is stated as it is.
-  `some`: the arm has run on some seeds only (`_some_seeds`): their values, no summary."""
+  `some`: the arm has run on some seeds only (`_some_seeds`): their values, no summary.
+  `times`: a clear saving also as the factor by which the FLOPs shrink (claim (d)'s unit)."""
   side, bound = _side(s), int(s.get("bound") or 0)
   if some:
     return (f"{what} vs {against}, on {some}: saving "
@@ -118,7 +130,8 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
     if not side:
       return f"{what} vs {against}: saving {_pct(s)}"
   if side > 0:
-    return f"{what} needs {_pct(s)} fewer FLOPs than {against}" + _agree(s, 1)
+    return (f"{what} needs {_pct(s)} fewer FLOPs than {against}"
+            + (_times(s) if times and not bound else "") + _agree(s, 1))
   if side < 0:
     return f"{what} needs {_pct(s, negate=True)} more FLOPs than {against}" + _agree(s, -1)
   if bound < 0:
@@ -315,7 +328,12 @@ def verdicts(report: dict) -> list[str]:
   rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
-        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point))
+        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point,
+        times=True))
+  if "saving_vs_external" in rs:   # "cut distillation FLOPs": against the other teacher too
+    lines.append("(d) to recover the degraded domain: " + _saving_line(
+        "self-teacher OPD", rs["saving_vs_external"], "external-teacher OPD",
+        rs.get("flops_to_target"), point, times=True))
   fell = [collapse_text(name, c) for name, arm in arms.items() for c in arm.get("collapsed") or []]
   if fell:   # an outcome of its route: the arm's curve ends at the collapse
     fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
