@@ -618,6 +618,13 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   series = {arm: ys for arm, _, _, ys, _ in panels["recovery"]["series"]}
   assert "degrade" not in series and series["recover_self"] == pytest.approx([30.0, 50.0])
   assert panels["recovery"]["targets"] == pytest.approx([0.45]) and not panels["degrade"]["targets"]
+  # An SFT degradation is not charged: its one point sits at 0 FLOPs, so the panel shows each
+  # seed's step from joint GRPO's last point (math .6) to the degraded model (.3) instead.
+  sft = dataclasses.replace(arms[0], curve=arms[0].curve[-1:], flops_by_phase={})
+  deg = curve_series([sft] + arms[1:])["degrade"]
+  assert deg["steps"][0] == "joint GRPO"
+  assert [(x, y) for _, _, x, y, _ in deg["series"]] == [([0, 1], pytest.approx([60.0, 30.0]))]
+  assert "steps" not in panels["degrade"]   # a charged degradation keeps its FLOP axis
   main = {arm: ys for arm, _, _, ys, _ in panels["main"]["series"]}
   assert main["split_merge"] == pytest.approx([20.0, 50.0, 60.0])  # (0.7 + 0.5) / 2 at the end
   # Every prompt has the same count: no spread over prompts, no band.

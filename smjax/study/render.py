@@ -270,7 +270,10 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
   """What each panel of the plot draws: {group: {"ylabel", "domain", "series": [(arm, seed,
   flops, acc %, interval half-width %)], "targets"}}. "main": the mean held-out accuracy over
   domains; "degrade" / "recovery": the recovered domain's, in panels of their own (the recovery
-  curves would be squeezed into the start of the degradation's much longer FLOP axis)."""
+  curves would be squeezed into the start of the degradation's much longer FLOP axis). A
+  degradation whose FLOPs are not charged (SFT on noisy chains: every point at 0 FLOPs) is drawn
+  as each seed's step from the joint model it degraded to the degraded model ("steps": the two
+  x-axis labels)."""
   rec_d = recover_domain_of(arms, recover_domain)
   out = {}
   for group in ("main", "degrade", "recovery"):
@@ -288,6 +291,15 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
           "targets": sorted({a.target for a in members if a.target is not None}),
           "ylabel": "held-out accuracy (%), " + (
               "mean over domains" if on is None else f"{on} (the recovered domain)")}
+      # The degradation trains the joint model further (smjax.study.run._self_teacher).
+      joint = {a.seed: a for a in arms if a.arm == "joint_grpo" and a.curve}
+      if group == "degrade" and all(len({p["flops"] for p in a.curve}) == 1 and a.seed in joint
+                                    for a in members):
+        ends = [(a, joint[a.seed].curve[-1], a.curve[-1]) for a in members]
+        out[group]["series"] = [
+            (a.arm, a.seed, [0, 1], [100 * score(before), 100 * score(after)],
+             [100 * _band(before, on), 100 * _band(after, on)]) for a, before, after in ends]
+        out[group]["steps"] = ("joint GRPO", "degraded (its SFT not charged)")
   return out
 
 
@@ -320,8 +332,13 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
     if tgt and not math.isnan(_num(tgt)):
       ax.axhline(100 * _num(tgt), color="gray", ls=":", lw=1,
                  label="matched target" if group == "main" else "recovery target")
-    ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)"
-                  + ("" if group == "main" else f" of the {group} phase"))
+    if panel.get("steps"):
+      ax.set_xticks([0, 1], panel["steps"])
+      ax.set_xlim(-0.3, 1.3)
+      ax.set_xlabel("each seed's model before and after the degrade phase")
+    else:
+      ax.set_xlabel("cumulative training FLOPs (XLA cost analysis)"
+                    + ("" if group == "main" else f" of the {group} phase"))
     ax.set_ylabel(panel["ylabel"])
     ax.set_title(titles[group] + (f" of {panel['domain']}" if panel["domain"] else "")
                  + " (bands: 95% over prompts)")
