@@ -599,6 +599,12 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert _exact(rep2["arms"]["recover_external"]["saving_at_target"], 1 - 22.5 / 75)
   assert ("(d) to recover the degraded domain: self-teacher OPD needs 66.7% [66.7, 66.7] fewer "
           "FLOPs than external-teacher OPD (3.0x [3.0, 3.0] fewer)") in rep2["verdicts"]
+  # GRPO that never gets back (its curve ends at .4 < .45): the saving and the factor are bounds.
+  grpo = next(a for a in arms if a.arm == "recover_grpo")
+  stuck = dataclasses.replace(grpo, curve=_math_only([(0, .3), (100, .4)]))
+  rep3 = build_report([a if a is not grpo else stuck for a in arms], bootstrap=0)
+  assert ("(d) to recover the degraded domain: GRPO had not reached the level when it stopped: "
+          "saving ≥ 92.5% (≥ 13.3x fewer FLOPs)") in rep3["verdicts"], rep3["verdicts"]
   # The recovery table: one accuracy column, on math, for every row; degrade has no target.
   table = format_table(rep)
   recovery = table[table.index("Self-teacher recovery of math (target 45.0%"):]

@@ -141,8 +141,10 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
               f"{_pct(s, negate=True)} more FLOPs than {against}")
     return f"{what} had not reached the level when it stopped{at}: saving {_pct(s)}"
   if bound > 0:   # the reference was censored: the saving is at least this
-    return f"{against} had not reached the level when it stopped: saving {_pct(s)}" + _agree(
-        s, 0)
+    m = stats.number(s.get("mean"))
+    at_least = f" (≥ {1 / (1 - m):.1f}x fewer FLOPs)" if times and 0 < m < 1 else ""
+    return (f"{against} had not reached the level when it stopped: saving {_pct(s)}" + at_least
+            + _agree(s, 0))
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
 
 
