@@ -383,15 +383,25 @@ def plot_frontier(ax, report: dict) -> None:
   ax.legend(fontsize=8)
 
 
-def markdown(report: dict) -> str:
-  """The report's tables and verdicts as GitHub markdown (what docs/ pages embed)."""
+def markdown(report: dict, part: str = "") -> str:
+  """The report's tables and verdicts as GitHub markdown (what docs/ pages embed); `part`
+  "recovery": claim (d)'s alone (the recovery table, the (d) lines, the recovery arms'
+  collapses and the intervals line), for a page that shows the main arms elsewhere."""
+  if part not in ("", "recovery"):
+    raise ValueError(f"report part {part!r}: expected '' (all) or 'recovery'")
   out = []
   for block in format_table(report).split("\n\n"):
     lines = [ln for ln in block.splitlines() if ln.strip()]
     if not lines:
       continue
     if lines[0] == "Verdicts:":
-      out.append("\n".join(["**Verdicts**", ""] + [f"- {ln.strip()[2:]}" for ln in lines[1:]]))
+      items = [ln.strip()[2:] for ln in lines[1:]]
+      if part:
+        items = [_recovery_only(v) for v in items]
+        items = [v for v in items if v and v.startswith(("(d)", "Collapsed", "Intervals"))]
+      out.append("\n".join(["**Verdicts**", ""] + [f"- {v}" for v in items]))
+      continue
+    if part and not lines[0].startswith("Self-teacher recovery"):
       continue
     title, header, _, *rows = lines
     cut = _columns(header)
@@ -400,6 +410,16 @@ def markdown(report: dict) -> str:
                           "|" + "---|" * len(cut)] +
                          ["| " + " | ".join(cells(r)) + " |" for r in rows]))
   return "\n\n".join(out) + "\n"
+
+
+def _recovery_only(line: str) -> str:
+  """A "Collapsed ..." verdict line cut to the recovery arms' entries ("" when none); any other
+  line as it is."""
+  head = "Collapsed (the run ended there; its route is charged up to it): "
+  if not line.startswith(head):
+    return line
+  kept = [e for e in line[len(head):].split("; ") if e.startswith("recover_")]
+  return head + "; ".join(kept) if kept else ""
 
 
 def _columns(header: str) -> list[tuple[int, int]]:
@@ -563,14 +583,16 @@ def update_docs(page: str) -> str:
                    re.S)
 
   def render(m):
-    with open(m.group(1)) as f:
+    src, _, part = m.group(1).partition("#")   # "report.json#recovery": that part alone
+    with open(src) as f:
       data = json.load(f)
     if "benchmark" in data:
       body = bench_markdown(data)
     elif "cells" in data and "map" in data:   # a regime map's map.json
       body = map_markdown(data)
     else:
-      body = seeds_markdown(data) if "command" in data and "seeds" in data else markdown(data)
+      body = (seeds_markdown(data) if "command" in data and "seeds" in data
+              else markdown(data, part))
     return f"{GENERATED.format(src=m.group(1))}\n{body}{END}"
   return pat.sub(render, page)
 
