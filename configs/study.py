@@ -14,9 +14,12 @@ comparison's phases (base, joint GRPO, experts, MOPD: claims (a), (b)), as `demo
 Expected result: docs/study.md (the demo's frontier, table and verdicts, generated from
 docs/demo_report.json; one seed, so its intervals cover evaluation noise only).
 `two_domain,full,main` on five seeds: docs/study_two_full_report.json
-(docs/study.md#the-full-studies; hours on 2 cores); every arm of it and `four_domain,full` are
-still running. The reports of the previous instrument, whose claim (a) was set by the experts'
-stop rule, are in docs/archive/stop_rule/.
+(docs/study.md#the-full-studies; hours on 2 cores); its teachers' arms, claims (c) and (d), on
+seeds 0-2: docs/study_two_full_teachers_report.json, and (d) with no degraded chain right
+(`--config.self_teacher.degrade_correct_fraction=0.0`):
+docs/study_two_full_degrade_d00_report.json; seeds 3-4 of those arms and `four_domain,full`
+are still to run. The reports of the previous instrument, whose claim (a) was set by the
+experts' stop rule, are in docs/archive/stop_rule/.
 `four_domain`: its base recipe lands in the band on seeds 0-4 (docs/four_domain_band.json,
 docs/study.md#four-domains).
 """
