@@ -515,6 +515,26 @@ def test_verdict_lines_follow_the_interval():
              for v in verdicts(rep)), verdicts(rep)
 
 
+def test_a_run_that_fell_far_below_its_best_is_named():
+  """verdicts.fell_from_best by hand: final below half the best on a seed the collapse rule did
+  not stop; a recovery arm read on the recovered domain; a seed stopped by the rule left to the
+  "Collapsed" line; nan and missing seeds skipped."""
+  from smjax.study.verdicts import fell_from_best  # pylint: disable=import-outside-toplevel
+  rep = {"seeds": [0, 1, 2], "recover_domain": "math", "arms": {
+      "external_opd": {"group": "main", "best_accuracy": {"per_seed": [.9, .9, .9]},
+                       "accuracy_mean": {"per_seed": [.8, .02, .45]}},
+      "recover_external": {"group": "recovery", "best_accuracy": {"per_seed": [.9, .9, None]},
+                           "accuracy_mean": {"per_seed": [.9, .9, .9]},
+                           "accuracy_recover_domain": {"per_seed": [.3, 0.0, .1]},
+                           "collapsed": [{"seed": 1, "step": 5, "what": "fell to 0"}]},
+      "base": {"group": "main", "accuracy_mean": {"per_seed": [.1, .1, .1]}}}}
+  (line,) = fell_from_best(rep)
+  assert line.endswith("external_opd on seed 1 (best 90.0%, final 2.0%); recover_external on "
+                       "seed 0 (best 90.0%, final 30.0%)"), line   # .45 is not below .45
+  assert line.startswith("Fell below 50% of its best and ran on")
+  assert fell_from_best(rep, below=0.01) == []
+
+
 def test_length_verdict_and_held_out_sets():
   arms = _arms(joint_scale=2.0)
   ext = arms[2]
@@ -599,6 +619,12 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert _exact(rep2["arms"]["recover_external"]["saving_at_target"], 1 - 22.5 / 75)
   assert ("(d) to recover the degraded domain: self-teacher OPD needs 66.7% [66.7, 66.7] fewer "
           "FLOPs than external-teacher OPD (3.0x [3.0, 3.0] fewer)") in rep2["verdicts"]
+  assert not any(v.startswith("Fell below") for v in rep2["verdicts"])
+  # The external recovery falling apart after the target and running on: named among the verdicts.
+  fallen = dataclasses.replace(ext, curve=_math_only([(0, .3), (30, .5), (60, .1)]))
+  assert ("Fell below 50% of its best and ran on (the collapse rule asks for 0; the best checkpoint"
+          " is chosen on the stop set): recover_external on seed 0 (best 50.0%, final 10.0%)"
+          ) in build_report(arms + [fallen], bootstrap=0)["verdicts"]
   # A page that shows the main arms elsewhere embeds claim (d)'s part alone.
   rec_md = markdown(rep2, "recovery")
   assert rec_md.startswith("*Self-teacher recovery of math") and "| joint_grpo |" not in rec_md
@@ -610,6 +636,8 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   both = head + "external_opd on seed 1 at step 9 (x); recover_external on seed 2 at step 5 (y)"
   assert render._recovery_only(both) == head + "recover_external on seed 2 at step 5 (y)"
   assert render._recovery_only(head + "external_opd on seed 1 at step 9 (x)") == ""
+  ran_on = "Fell below 50% of its best and ran on (a; b): recover_self on seed 0 (x)"
+  assert render._recovery_only(ran_on) == ran_on
   with pytest.raises(ValueError, match="'recover'"):
     markdown(rep2, "recover")
   src = tmp_path / "rep.json"

@@ -398,7 +398,8 @@ def markdown(report: dict, part: str = "") -> str:
       items = [ln.strip()[2:] for ln in lines[1:]]
       if part:
         items = [_recovery_only(v) for v in items]
-        items = [v for v in items if v and v.startswith(("(d)", "Collapsed", "Intervals"))]
+        items = [v for v in items
+                 if v and v.startswith(("(d)", "Collapsed", "Fell below", "Intervals"))]
       out.append("\n".join(["**Verdicts**", ""] + [f"- {v}" for v in items]))
       continue
     if part and not lines[0].startswith("Self-teacher recovery"):
@@ -413,13 +414,13 @@ def markdown(report: dict, part: str = "") -> str:
 
 
 def _recovery_only(line: str) -> str:
-  """A "Collapsed ..." verdict line cut to the recovery arms' entries ("" when none); any other
-  line as it is."""
-  head = "Collapsed (the run ended there; its route is charged up to it): "
-  if not line.startswith(head):
+  """A verdict line listing runs ("Collapsed (...): a; b", "Fell below ... (...): a; b") cut to
+  the recovery arms' entries ("" when none); any other line as it is."""
+  if not line.startswith(("Collapsed", "Fell below")):
     return line
-  kept = [e for e in line[len(head):].split("; ") if e.startswith("recover_")]
-  return head + "; ".join(kept) if kept else ""
+  head, _, entries = line.partition("): ")
+  kept = [e for e in entries.split("; ") if e.startswith("recover_")]
+  return f"{head}): " + "; ".join(kept) if kept else ""
 
 
 def _columns(header: str) -> list[tuple[int, int]]:

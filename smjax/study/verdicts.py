@@ -88,6 +88,28 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
   return f"; {signs.count(side)} of {n} seeds agree" + tail
 
 
+def fell_from_best(report: dict, below: float = 0.5) -> list[str]:
+  """One line naming the runs that ended below `below` times their own best checkpoint's
+  accuracy (best and final on the report set, per seed) without the collapse rule ending them
+  (it asks for 0): a run that fell apart and went on to its cap. A recovery arm is read on the
+  recovered domain, any other on the mean over domains; [] when none."""
+  seeds = report.get("seeds") or []
+  out = []
+  for name, a in (report.get("arms") or {}).items():
+    final = a.get("accuracy_recover_domain" if a.get("group") == "recovery"
+                  and report.get("recover_domain") else "accuracy_mean") or {}
+    stopped = {c["seed"] for c in a.get("collapsed") or []}
+    for seed, b, f in zip(seeds, (a.get("best_accuracy") or {}).get("per_seed") or [],
+                          final.get("per_seed") or []):
+      b, f = stats.number(b), stats.number(f)
+      if seed not in stopped and b > 0 and f < below * b:   # nan compares False
+        out.append(f"{name} on seed {seed} (best {100 * b:.1f}%, final {100 * f:.1f}%)")
+  if not out:
+    return []
+  return [f"Fell below {below:.0%} of its best and ran on (the collapse rule asks for 0; the best "
+          "checkpoint is chosen on the stop set): " + "; ".join(out)]
+
+
 def collapse_text(arm: str, c: dict) -> str:
   """A collapsed run ({"seed", "step", "what"}, a report arm's "collapsed") in words."""
   return f"{arm} on seed {c['seed']} at step {c['step']} ({c['what']})"
@@ -339,6 +361,7 @@ def verdicts(report: dict) -> list[str]:
   fell = [collapse_text(name, c) for name, arm in arms.items() for c in arm.get("collapsed") or []]
   if fell:   # an outcome of its route: the arm's curve ends at the collapse
     fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
+  fell += fell_from_best(report)
   if not lines:
     return fell
   lines += fell
