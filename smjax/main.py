@@ -72,6 +72,9 @@ commands:
           run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
   report  WORKDIR [--out=DIR] [--bootstrap=N]
           re-render a study's table, CSV, JSON and plot from its finished phases
+  lend    SRC DST --phases base,joint_grpo [--seeds 0,1]
+          link study SRC's finished phases into DST, to run a variant of a later phase there
+          (each lent phase is checked against DST's config when loaded)
   export  WORKDIR --phase ARM --out DIR [--seed N]
           write an arm's final model (e.g. split_merge, joint_grpo, expert_math) as a Hugging
           Face directory: config.json, model.safetensors, tokenizer files
@@ -462,6 +465,8 @@ def cli():
     _subcommand("export", "smjax.study.export", args[1:])
   elif args[0] == "eval":
     _subcommand("eval", "smjax.model_eval", args[1:])
+  elif args[0] == "lend":
+    _subcommand("lend", "smjax.study.store", args[1:])
   elif args[0] == "prepare":
     _subcommand("prepare", "smjax.prepare", args[1:])
   elif args[0] == "convert":
@@ -469,7 +474,7 @@ def cli():
   elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
     run()
   else:
-    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, export, "
+    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, lend, export, "
           f"prepare, convert or eval"
           f"\n\n{USAGE}",
           end="", file=sys.stderr)

@@ -84,7 +84,8 @@ def _smjax(*args, prelude=""):
     (["-m", "smjax", "study", "-h"], "usage: smjax study --config=FILE:ARG --workdir=DIR"),
     (["-m", "smjax.main", "--help"], "usage: smjax study --config=FILE:ARG --workdir=DIR"),
     (["-m", "smjax", "prepare", "--help"], "usage: smjax prepare "),
-    (["-m", "smjax", "convert", "--help"], "usage: smjax convert ")])
+    (["-m", "smjax", "convert", "--help"], "usage: smjax convert "),
+    (["-m", "smjax", "lend", "--help"], "usage: smjax lend ")])
 def test_help_prints_the_usage_and_exits_0(cmd, says):
   """`--help` where the usage text sends the user: `smjax study --help`, `python -m smjax`."""
   p = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=ENV, capture_output=True, text=True,

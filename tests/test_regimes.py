@@ -220,7 +220,7 @@ def test_strong_to_weak_shares_the_full_studys_student_base_and_joint_grpo(tmp_p
   (study / "seed_2" / "eval_interval.json").write_text(json.dumps({"every_flops": 9.0}))
   (here / "seed_2").mkdir()
   (here / "seed_2" / "eval_interval.json").write_text(json.dumps({"every_flops": 8.0}))
-  with pytest.raises(ValueError, match=r"seed_2/eval_interval.json: the cell's seed is on "
+  with pytest.raises(ValueError, match=r"seed_2/eval_interval.json: this seed is on "
                      "another evaluation grid"):
     regimes.share(str(study), str(maps), "strong_to_weak")
   assert not (here / "seed_2" / "base").exists()   # refused before anything was written

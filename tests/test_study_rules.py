@@ -375,3 +375,51 @@ def test_the_phase_line_names_where_the_uncharged_flops_are():
   base.add_flops("eval/band", 2e11)
   assert _flops(PhaseOutput(None, base, [], {})) == (
       "0 training FLOPs, 7.2e+12 more in base/*, eval/*")
+
+
+def test_lending_a_studys_finished_phases_to_a_variants_workdir(tmp_path, capsys):
+  """store.lend (`smjax lend`): each seed's finished phases of the names given, linked, with the
+  seed's grid copied; unfinished ones left for the variant to run; every refusal before anything
+  is written; and a lent phase is still checked as it is loaded: under a config differing in a
+  field it reads it is refused, not reused."""
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from smjax.study import store  # pylint: disable=import-outside-toplevel
+  c = study_defaults()
+  src, dst = tmp_path / "study", tmp_path / "variant"
+  for k, done in ((0, ("base", "joint_grpo")), (1, ("base",))):
+    for p in ("base", "joint_grpo", "degrade"):
+      (src / f"seed_{k}" / p).mkdir(parents=True)
+    for p in done:
+      (src / f"seed_{k}" / p / "result.json").write_text(
+          json.dumps({"ledger": {}, "curve": [], "config": c.to_dict()}))
+    (src / f"seed_{k}" / "eval_interval.json").write_text(json.dumps({"every_flops": k + 2.0}))
+  with pytest.raises(FileNotFoundError, match="no such study workdir"):
+    store.lend(str(tmp_path / "nowhere"), str(dst), ["base"])
+  with pytest.raises(ValueError, match="no seed has finished degrade"):
+    store.lend(str(src), str(dst), ["base", "degrade"])
+  with pytest.raises(ValueError, match="no seed_5 to lend"):
+    store.lend(str(src), str(dst), ["base"], seeds=[0, 5])
+  assert not dst.exists()   # refused before anything was written
+  assert store.main([str(src), str(dst), "--phases", "base,joint_grpo"]) == 0
+  assert "linked 3 phase directories" in capsys.readouterr().out
+  for k, p in ((0, "base"), (0, "joint_grpo"), (1, "base")):
+    assert (dst / f"seed_{k}" / p).resolve() == (src / f"seed_{k}" / p).resolve()
+  assert not (dst / "seed_1" / "joint_grpo").exists()   # unfinished: the variant runs it
+  assert json.loads((dst / "seed_1" / "eval_interval.json").read_text()) == {"every_flops": 3.0}
+  assert store.lend(str(src), str(dst), ["base", "joint_grpo"]) == []   # again: nothing to do
+  # A phase the variant ran itself, or a seed on another grid: refused, nothing written.
+  (src / "seed_1" / "joint_grpo" / "result.json").write_text("{}")
+  (dst / "seed_1" / "joint_grpo").mkdir()
+  with pytest.raises(ValueError, match="seed_1/joint_grpo exists and is not a link"):
+    store.lend(str(src), str(dst), ["joint_grpo"])
+  (dst / "seed_1" / "joint_grpo").rmdir()
+  (dst / "seed_1" / "eval_interval.json").write_text(json.dumps({"every_flops": 9.0}))
+  with pytest.raises(ValueError, match="seed_1/eval_interval.json: this seed is on another"):
+    store.lend(str(src), str(dst), ["joint_grpo"])
+  assert not (dst / "seed_1" / "joint_grpo").exists()
+  # Loaded through the link under a config that changes a field `base` reads: refused.
+  other = study_defaults()
+  other.base.steps = c.base.steps + 1
+  with pytest.raises(ckpt_lib.ConfigMismatchError, match="base.steps"):
+    store.load_done(str(dst / "seed_0"), other, "base", ("base",), None)

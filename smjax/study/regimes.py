@@ -227,9 +227,9 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   study_cfg = paths.join(study_workdir, "config.json")
   old = read_json(study_cfg, f"give the workdir of a study run with {spec.same_as}")
   config = cell_config(name)
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.study import phases, store
   if spec.shares:
-    # pylint: disable-next=import-outside-toplevel
-    from smjax.study import phases, store
     specs = {v.name: v for v in vars(phases).values() if isinstance(v, phases.PhaseSpec)}
     reads = tuple(dict.fromkeys(f for p in spec.shares for f in phases.read_fields(specs[p])))
     ignored = store.unread_fields(config, reads)
@@ -240,49 +240,34 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
     what = f"its {', '.join(spec.shares)}" if spec.shares else "it"
     raise ValueError(f"{study_cfg}: not a study the cell {name!r} can share {what} with (it is "
                      f"{spec.same_as}); differing fields (study -> cell): " + "; ".join(diff))
-  seeds = sorted(d for d in os.listdir(study_workdir)
-                 if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
-  if not seeds:
-    raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
   cell_dir = os.path.join(map_workdir, name)
-  todo, grids = [], []
-  for d in seeds:   # every refusal before anything is written
-    src_seed = os.path.abspath(os.path.join(study_workdir, d))
-    if spec.shares:
-      pairs = [(os.path.join(src_seed, p), os.path.join(cell_dir, d, p)) for p in spec.shares
-               if os.path.exists(os.path.join(src_seed, p, "result.json"))]
-    else:
-      pairs = [(src_seed, os.path.join(cell_dir, d))]
-    for src, dst in pairs:
+  if spec.shares:
+    linked = store.lend(study_workdir, cell_dir, spec.shares)   # refusals before any write
+  else:
+    seeds = sorted(d for d in os.listdir(study_workdir)
+                   if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
+    if not seeds:
+      raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
+    todo = []
+    for d in seeds:   # every refusal before anything is written
+      src, dst = os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d)
       if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
         continue
       if os.path.lexists(dst):
         raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran it on its own; "
                          "move it away to share the study's")
       todo.append((src, dst))
-    grid = os.path.join(src_seed, "eval_interval.json")
-    if spec.shares and pairs and os.path.exists(grid):
-      mine = os.path.join(cell_dir, d, "eval_interval.json")
-      if os.path.exists(mine):
-        if read_json(mine, "") != read_json(grid, ""):
-          raise ValueError(f"{mine}: the cell's seed is on another evaluation grid than "
-                           f"{grid}; its phases cannot be shared")
-      else:
-        grids.append((grid, mine))
-  os.makedirs(cell_dir, exist_ok=True)
+    os.makedirs(cell_dir, exist_ok=True)
+    for src, dst in todo:
+      os.symlink(src, dst)
+    linked = [dst for _, dst in todo]
   # The cell's own config.json (as its run writes it), so that the map renders the shared seeds
   # before the cell has run.
   if not os.path.exists(os.path.join(cell_dir, "config.json")):
+    os.makedirs(cell_dir, exist_ok=True)
     paths.write_atomic(os.path.join(cell_dir, "config.json"),
                        json.dumps(config.to_dict(), indent=1))
-  for src, dst in grids:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    with open(src, encoding="utf-8") as f:
-      paths.write_atomic(dst, f.read())
-  for src, dst in todo:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    os.symlink(src, dst)
-  return [dst for _, dst in todo]
+  return linked
 
 
 # ------------------------------------------------------------------------------- the map report

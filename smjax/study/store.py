@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -184,6 +185,68 @@ def _interval_file(workdir: str) -> str:
   return paths.join(workdir, "eval_interval.json")
 
 
+def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
+         seeds: Sequence[int] | None = None) -> list[str]:
+  """Lends study workdir `dst_workdir` each seed's *finished* phases named `phases` from
+  `src_workdir` (links dst/seed_<k>/<phase> -> src/seed_<k>/<phase>) with the seed's evaluation
+  grid (eval_interval.json, copied), so that a variant run in dst (another setting of a later
+  phase, or a regime cell alike in those phases) reuses them and computes the rest on the same
+  grid. No config is compared here: each lent phase is checked as it is loaded (`load_done`),
+  reused where its config agrees on every field it reads and refused otherwise, never rerun over.
+  `seeds`: those only (default: every seed_<k> of src). Local workdirs only (links). Refused,
+  before anything is written: a seed src lacks, a phase no seed has finished, a phase dst holds
+  that is not a link to src's, a dst seed on another grid. Returns the links it made (none for
+  those already there)."""
+  if paths.is_url(src_workdir) or paths.is_url(dst_workdir):
+    raise ValueError(f"lending links directories, so both workdirs must be local; got "
+                     f"{src_workdir} and {dst_workdir}")
+  if not os.path.isdir(src_workdir):
+    raise FileNotFoundError(f"{src_workdir}: no such study workdir to lend phases from")
+  names = sorted((d for d in os.listdir(src_workdir) if d.startswith("seed_")
+                  and os.path.isdir(os.path.join(src_workdir, d))), key=lambda d: (len(d), d))
+  if seeds is not None:
+    missing = [f"seed_{k}" for k in seeds if f"seed_{k}" not in names]
+    if missing:
+      raise ValueError(f"{src_workdir}: no {', '.join(missing)} to lend (it has "
+                       f"{', '.join(names) or 'no seed_<k> directories'})")
+    names = [f"seed_{k}" for k in seeds]
+  if not names:
+    raise ValueError(f"{src_workdir}: no seed_<k> directories to lend")
+  done = lambda d, p: os.path.exists(os.path.join(src_workdir, d, p, "result.json"))  # noqa: E731
+  never = [p for p in phases if not any(done(d, p) for d in names)]
+  if never:
+    raise ValueError(f"{src_workdir}: no seed has finished {', '.join(never)} (a finished phase "
+                     "has <phase>/result.json), so there is nothing of it to lend")
+  links, grids = [], []
+  for d in names:   # every refusal before anything is written
+    src_seed = os.path.abspath(os.path.join(src_workdir, d))
+    pairs = [(os.path.join(src_seed, p), os.path.join(dst_workdir, d, p)) for p in phases
+             if done(d, p)]
+    for src, dst in pairs:
+      if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
+        continue
+      if os.path.lexists(dst):
+        raise ValueError(f"{dst} exists and is not a link to {src}: that workdir ran it on its "
+                         "own; move it away to lend it the other's")
+      links.append((src, dst))
+    grid, mine = os.path.join(src_seed, "eval_interval.json"), os.path.join(dst_workdir, d,
+                                                                             "eval_interval.json")
+    if pairs and os.path.exists(grid):
+      if not os.path.exists(mine):
+        grids.append((grid, mine))
+      elif read_json(mine, "") != read_json(grid, ""):
+        raise ValueError(f"{mine}: this seed is on another evaluation grid than {grid}; its "
+                         "phases cannot be lent to it")
+  for src, dst in grids:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, encoding="utf-8") as f:
+      paths.write_atomic(dst, f.read())
+  for src, dst in links:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.symlink(src, dst)
+  return [dst for _, dst in links]
+
+
 def load_eval_every(workdir: str, config: mlc.ConfigDict) -> float:
   """The seed's evaluation grid interval in training FLOPs: `config.eval.every_flops` when set,
   else the one fixed by the first GRPO step (0 until then)."""
@@ -227,3 +290,28 @@ def save_eval_every(workdir: str, config: mlc.ConfigDict, step_flops: float) -> 
     paths.write_atomic(_interval_file(workdir),
                        json.dumps({"every_flops": every, "from_step_flops": step_flops}))
   return every
+
+
+def main(argv=None) -> int:
+  """`smjax lend SRC DST --phases a,b [--seeds 0,1]` (`lend`): lend a study's finished phases to
+  a variant's workdir before running the variant there."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  ap = argparse.ArgumentParser(
+      prog="smjax lend", description="Link each seed's finished phases of study SRC into DST (and "
+      "copy the seed's evaluation grid), so that a study run in DST with a later phase changed "
+      "reuses them; each is checked against DST's config as it is loaded, and refused, not "
+      "rerun, where a field it reads differs.")
+  ap.add_argument("src", help="the study's --workdir")
+  ap.add_argument("dst", help="the variant's --workdir (created)")
+  ap.add_argument("--phases", required=True,
+                  help="comma-separated phase directories, e.g. base,joint_grpo")
+  ap.add_argument("--seeds", help="comma-separated seeds (default: every seed_<k> of SRC)")
+  a = ap.parse_args(argv)
+  phases = [p for p in a.phases.split(",") if p]
+  try:
+    seeds = None if a.seeds is None else [int(k) for k in a.seeds.split(",") if k]
+  except ValueError:
+    ap.error(f"--seeds={a.seeds}: expected comma-separated integers, e.g. 0,1,2")
+  linked = lend(a.src, a.dst, phases, seeds)
+  print(f"{a.dst}: linked {len(linked)} phase directories from {a.src}")
+  return 0
