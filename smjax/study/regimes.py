@@ -248,15 +248,9 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
                    if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
     if not seeds:
       raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
-    todo = []
-    for d in seeds:   # every refusal before anything is written
-      src, dst = os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d)
-      if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
-        continue
-      if os.path.lexists(dst):
-        raise ValueError(f"{dst} exists and is not a link to {src}: the cell ran it on its own; "
-                         "move it away to share the study's")
-      todo.append((src, dst))
+    todo = store.new_links(   # every refusal before anything is written
+        [(os.path.abspath(os.path.join(study_workdir, d)), os.path.join(cell_dir, d))
+         for d in seeds], "the cell ran it on its own; move it away to share the study's")
     os.makedirs(cell_dir, exist_ok=True)
     for src, dst in todo:
       os.symlink(src, dst)

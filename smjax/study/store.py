@@ -185,6 +185,19 @@ def _interval_file(workdir: str) -> str:
   return paths.join(workdir, "eval_interval.json")
 
 
+def new_links(pairs: Sequence[tuple[str, str]], fix: str) -> list[tuple[str, str]]:
+  """The (src, dst) pairs whose link dst -> src is still to be made: one already there is
+  skipped; a dst that exists and is not a link to src is an error ending in `fix`."""
+  out = []
+  for src, dst in pairs:
+    if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
+      continue
+    if os.path.lexists(dst):
+      raise ValueError(f"{dst} exists and is not a link to {src}: {fix}")
+    out.append((src, dst))
+  return out
+
+
 def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
          seeds: Sequence[int] | None = None) -> list[str]:
   """Lends study workdir `dst_workdir` each seed's *finished* phases named `phases` from
@@ -222,13 +235,7 @@ def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
     src_seed = os.path.abspath(os.path.join(src_workdir, d))
     pairs = [(os.path.join(src_seed, p), os.path.join(dst_workdir, d, p)) for p in phases
              if done(d, p)]
-    for src, dst in pairs:
-      if os.path.islink(dst) and os.path.realpath(dst) == os.path.realpath(src):
-        continue
-      if os.path.lexists(dst):
-        raise ValueError(f"{dst} exists and is not a link to {src}: that workdir ran it on its "
-                         "own; move it away to lend it the other's")
-      links.append((src, dst))
+    links += new_links(pairs, "that workdir ran it on its own; move it away to lend it the other's")
     grid, mine = os.path.join(src_seed, "eval_interval.json"), os.path.join(dst_workdir, d,
                                                                              "eval_interval.json")
     if pairs and os.path.exists(grid):
