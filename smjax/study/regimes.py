@@ -244,8 +244,7 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   if spec.shares:
     linked = store.lend(study_workdir, cell_dir, spec.shares)   # refusals before any write
   else:
-    seeds = sorted(d for d in os.listdir(study_workdir)
-                   if d.startswith("seed_") and os.path.isdir(os.path.join(study_workdir, d)))
+    seeds = store.seed_dirs(study_workdir)
     if not seeds:
       raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
     todo = store.new_links(   # every refusal before anything is written

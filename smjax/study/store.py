@@ -185,6 +185,12 @@ def _interval_file(workdir: str) -> str:
   return paths.join(workdir, "eval_interval.json")
 
 
+def seed_dirs(workdir: str) -> list[str]:
+  """The seed_<k> directories of a local study workdir, in seed order."""
+  return sorted((d for d in os.listdir(workdir) if d.startswith("seed_")
+                 and os.path.isdir(os.path.join(workdir, d))), key=lambda d: (len(d), d))
+
+
 def new_links(pairs: Sequence[tuple[str, str]], fix: str) -> list[tuple[str, str]]:
   """The (src, dst) pairs whose link dst -> src is still to be made: one already there is
   skipped; a dst that exists and is not a link to src is an error ending in `fix`."""
@@ -215,8 +221,7 @@ def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
                      f"{src_workdir} and {dst_workdir}")
   if not os.path.isdir(src_workdir):
     raise FileNotFoundError(f"{src_workdir}: no such study workdir to lend phases from")
-  names = sorted((d for d in os.listdir(src_workdir) if d.startswith("seed_")
-                  and os.path.isdir(os.path.join(src_workdir, d))), key=lambda d: (len(d), d))
+  names = seed_dirs(src_workdir)
   if seeds is not None:
     missing = [f"seed_{k}" for k in seeds if f"seed_{k}" not in names]
     if missing:
