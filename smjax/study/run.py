@@ -203,13 +203,6 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     arms.append(ArmResult(ph.BASE_STRONG.name, seed, grown_base.curve, {},
                           note=f"{preset} SFT'd as the base is; the experts' start; not in any "
                           "arm's FLOPs"))
-    if "joint" in phases:
-      strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
-                  init_params=grown_base.params, domains=domains, steps=config.joint.steps,
-                  stream_seed=10, eval_refine=int(config.joint.eval_refine))
-      arms.append(_arm(ph.JOINT_STRONG.name, seed, strong,
-                       note=f"joint GRPO on {preset} from base_strong (beside the "
-                       "reference, not a route of the frontier)"))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
   # parameters at its first crossings of bars of joint GRPO's final gain on its domain (read on
   # the stop set) and stops past the last bar; MOPD runs from every set of those checkpoints.
@@ -286,6 +279,16 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                 f"{d} {m['at']} (step {m['step']}"
                 + (", collapsed" if experts[d].extra.get("collapsed") else "") + ")"
                 for d, m in members.items())))
+  if grown is not shared and "joint" in phases:
+    # Joint GRPO on the bigger model: a second reference beside the frontier, not a route of it,
+    # so it runs after the routes (its whole budget at the bigger size is the cell's longest
+    # phase; nothing else reads it, and each phase's streams are its own, so order is neutral).
+    strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
+                init_params=grown_base.params, domains=domains, steps=config.joint.steps,
+                stream_seed=10, eval_refine=int(config.joint.eval_refine))
+    arms.append(_arm(ph.JOINT_STRONG.name, seed, strong,
+                     note=f"joint GRPO on {preset} from base_strong (beside the "
+                     "reference, not a route of the frontier)"))
   external = None
   if "external" in phases or "self_teacher" in phases:
     # The external teacher and its control (claim (c)) read only the base: trained side by side.
