@@ -574,7 +574,7 @@ def _recovery_arms(seed=0):
   degrade = ArmResult("degrade", seed, [
       _point(0, {"math": .6, "code": .4}, {"math": 3.0, "code": 5.0}),
       _point(100, {"math": .3, "code": .7}, {"math": 2.0, "code": 6.0})],
-      {"train/policy": 100.0}, group="recovery")
+      {"train/policy": 100.0}, group="recovery", note="noisy SFT")
   kw = dict(group="recovery", target=0.45, teachers={"math": "joint_grpo"}, start="degrade",
             capture_fraction=0.5, reached=True)
   return [degrade,
@@ -608,6 +608,10 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   # factor 1 / (1 - 0.9) = 10, beside it.
   assert ("(d) to recover the degraded domain: self-teacher OPD needs 90.0% [90.0, 90.0] fewer "
           "FLOPs than GRPO (10.0x [10.0, 10.0] fewer)") in rep["verdicts"]
+  # Claim (d)'s condition before its savings: how deep the degradation went (joint_grpo's math
+  # at its end, .6 in _arms, down to .3) and the target the routes are charged to.
+  assert ("(d) the degradation (noisy SFT): math 60.0% [60.0, 60.0] → 30.0% [30.0, 30.0]; the "
+          "recovery target 45.0% [45.0, 45.0]") in rep["verdicts"], rep["verdicts"]
   assert "saving_vs_external" not in r and not any("external-teacher OPD" in v and "(d)" in v
                                                    for v in rep["verdicts"])
   # With the external teacher's recovery too: the self teacher against it (math .45 at 22.5).
@@ -629,7 +633,7 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   rec_md = markdown(rep2, "recovery")
   assert rec_md.startswith("*Self-teacher recovery of math") and "| joint_grpo |" not in rec_md
   items = [ln[2:] for ln in rec_md.splitlines() if ln.startswith("- ")]
-  assert [v[:3] for v in items] == ["(d)", "(d)", "Int"], items
+  assert [v[:3] for v in items] == ["(d)", "(d)", "(d)", "Int"], items
   assert "| joint_grpo |" in markdown(rep2)
   from smjax.study import render  # pylint: disable=import-outside-toplevel
   head = "Collapsed (the run ended there; its route is charged up to it): "

@@ -350,6 +350,8 @@ def verdicts(report: dict) -> list[str]:
     lines.append("(c) best checkpoint (chosen on the stop set, measured on the report set): "
                  + "; ".join(f"{n} {_acc(v, _some_seeds(report, n))}" for n, v in best))
   rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
+  if "saving_at_target" in rs:
+    lines += degradation_line(report)
   if "saving_at_target" in rs and rg:
     lines.append("(d) to recover the degraded domain: " + _saving_line(
         "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point,
@@ -376,6 +378,23 @@ def verdicts(report: dict) -> list[str]:
     tail = (f"{conf} intervals over held-out prompts: evaluation noise only; one seed cannot "
             "separate training noise")
   return lines + [f"Intervals: {tail}."]
+
+
+def degradation_line(report: dict) -> list[str]:
+  """Claim (d)'s condition, as a line before its savings: how the domain was degraded and how
+  far (the joint model's accuracy on it, the degraded one's, the recovery target). What the
+  self teacher saves depends on it: GRPO's one-bit reward finds its way back from a mild loss,
+  not from one that leaves no right answer to learn from (docs/design.md)."""
+  arms, rec = report.get("arms") or {}, report.get("recover_domain")
+  deg = arms.get("degrade") or {}
+  after = deg.get("accuracy_recover_domain")
+  if not rec or not after:
+    return []
+  before = ((arms.get("joint_grpo") or {}).get("accuracy") or {}).get(rec)
+  how = "; ".join(deg.get("notes") or []) or "later training"
+  target = report.get("recover_target")
+  return [f"(d) the degradation ({how}): {rec} " + (f"{_acc(before)} → " if before else "")
+          + _acc(after) + (f"; the recovery target {_acc(target)}" if target else "")]
 
 
 def _acc(v: dict, some: str = "") -> str:
