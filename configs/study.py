@@ -15,10 +15,10 @@ Expected result: docs/study.md (the demo's frontier, table and verdicts, generat
 docs/demo_report.json; one seed, so its intervals cover evaluation noise only).
 `two_domain,full,main` on five seeds: docs/study_two_full_report.json
 (docs/study.md#the-full-studies; hours on 2 cores); its teachers' arms, claims (c) and (d), on
-seeds 0-2: docs/study_two_full_teachers_report.json, and (d) with no degraded chain right
-(`--config.self_teacher.degrade_correct_fraction=0.0`):
-docs/study_two_full_degrade_d00_report.json; seeds 3-4 of those arms and `four_domain,full`
-are still to run. The reports of the previous instrument, whose claim (a) was set by the
+seeds 0-2: docs/study_two_full_teachers_report.json, (d) at both depths of its degradation
+(half the degraded chains right, and none: `self_teacher.also_correct_fractions`, whose `@0`
+arms were lent by a run at that depth); seeds 3-4 of those arms and `four_domain,full` are
+still to run. The reports of the previous instrument, whose claim (a) was set by the
 experts' stop rule, are in docs/archive/stop_rule/.
 `four_domain`: its base recipe lands in the band on seeds 0-4 (docs/four_domain_band.json,
 docs/study.md#four-domains).
@@ -60,6 +60,10 @@ def get_config(arg=None):
     c.mopd.steps = 400
     c.external.steps = 400
     c.self_teacher.recover_steps = 300
+    # Claim (d) at two depths of its degradation: half the degraded chains right (GRPO can find
+    # its way back) and none right (it finds nothing to learn from): the factor differs by which
+    # (docs/study.md), so the full study reports both.
+    c.self_teacher.also_correct_fractions = (0.0,)
     c.eval.points = 10
   # An expert steps on its own domain's share of joint GRPO's batch (experts.prompts_per_step),
   # so its cap in steps is joint GRPO's: the experts together may spend what joint GRPO does.

@@ -74,7 +74,8 @@ commands:
           re-render a study's table, CSV, JSON and plot from its finished phases
   lend    SRC DST --phases base,joint_grpo [--seeds 0,1]
           link study SRC's finished phases into DST, to run a variant of a later phase there
-          (each lent phase is checked against DST's config when loaded)
+          (each lent phase is checked against DST's config when loaded); src=dst lends one
+          under another name (degrade=degrade@0: a depth of claim (d)'s degradation)
   export  WORKDIR --phase ARM --out DIR [--seed N]
           write an arm's final model (e.g. split_merge, joint_grpo, expert_math) as a Hugging
           Face directory: config.json, model.safetensors, tokenizer files

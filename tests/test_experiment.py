@@ -395,18 +395,21 @@ def test_changing_a_later_phase_reuses_the_phases_it_does_not_touch(study, cache
 def test_claim_d_degrades_by_noisy_sft_charges_it_to_no_arm_and_recovers(study, cache, tmp_path):
   """The self-teacher phases end to end on a copy of the mini study (its base, joint GRPO and
   external teacher reused): the degradation (noisy SFT on math) is under base/degrade, charged to
-  no arm; every recovery arm trains and is evaluated on math alone."""
+  no arm; every recovery arm trains and is evaluated on math alone; a further depth of the
+  degradation (also_correct_fractions) runs its own degrade and recoveries, reported apart."""
   wd = tmp_path / "study"
   shutil.copytree(study[0], wd)
   args = [a for a in MINI if not a.startswith("--config.phases")] + [
       "--config.phases=('base','joint','self_teacher')",   # the external teacher: reused
       "--config.self_teacher.degrade_steps=3", "--config.self_teacher.recover_steps=2",
-      "--config.self_teacher.eval_refine=1"]
+      "--config.self_teacher.eval_refine=1", "--config.self_teacher.also_correct_fractions=(0.0,)"]
   # (A loss below min_loss is refused naming the seed: test_study_rules, without a run.)
   reads = tmp_path / "reads.json"
   r = _main(args + ["--config.self_teacher.min_loss=0.0"], wd, cache, record=reads, timeout=600)
   assert r.returncode == 0, r.stderr[-2000:]
-  _assert_reads_declared(reads, ["degrade", "recover_self", "recover_external", "recover_grpo"])
+  _assert_reads_declared(reads, ["degrade", "recover_self", "recover_external", "recover_grpo",
+                                 "degrade@0", "recover_self@0", "recover_external@0",
+                                 "recover_grpo@0"])
   degrade = phase_result(wd, "degrade")
   assert set(degrade["ledger"]["flops"]) == {"base/degrade", "eval/heldout", "eval/stop"}
   arms = {a["arm"]: a for a in json.load(open(os.path.join(wd, "seed_0", "arms.json")))["arms"]}
@@ -415,7 +418,18 @@ def test_claim_d_degrades_by_noisy_sft_charges_it_to_no_arm_and_recovers(study, 
   for name in ("recover_self", "recover_external", "recover_grpo"):
     assert set(arms[name]["curve"][-1]["accuracy"]) == {"math"}, name
     assert sum(arms[name]["flops_by_phase"].values()) > 0, name
-  assert "recover_self" in json.load(open(os.path.join(wd, "report", "report.json")))["arms"]
+  assert "50% of them right" in arms["degrade"]["note"]
+  assert "SFT'd 3 steps on math chains, 0% of them right" in arms["degrade@0"]["note"]
+  for name in ("recover_self@0", "recover_external@0", "recover_grpo@0"):
+    assert arms[name]["start"] == "degrade@0" and set(arms[name]["curve"][-1]["accuracy"]) == {
+        "math"}, name
+  # The same phase as a study at that depth runs: its config, field for field, says 0.
+  st = phase_result(wd, "degrade@0")["config"]["self_teacher"]
+  assert st["degrade_correct_fraction"] == 0.0 and not st["also_correct_fractions"]
+  rep = json.load(open(os.path.join(wd, "report", "report.json")))
+  assert "recover_self" in rep["arms"] and rep["arms"]["recover_self@0"]["reference"] == (
+      "recover_grpo@0")
+  assert any(v.startswith("(d) the degradation degrade@0") for v in rep["verdicts"])
 
 
 def test_unknown_field_and_bad_override_are_clear_errors(tmp_path, cache):

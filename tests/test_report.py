@@ -691,6 +691,63 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
 
 
+def _deeper_arms(seed=0):
+  """A further depth of the degradation (self_teacher.also_correct_fractions, arms named
+  `<phase>@0`): math .6 -> .1, so its routes' target is .1 + .5 x (.6 - .1) = .35; the self
+  teacher gets there at 12.5 FLOPs, GRPO never does (its curve ends at .3 after 200)."""
+  deg, me, grpo = _recovery_arms(seed)
+  kw = dict(start="degrade@0", target=0.35)
+  return [dataclasses.replace(deg, arm="degrade@0", note="noisy SFT, none right", curve=[
+              _point(0, {"math": .6, "code": .4}, {"math": 3.0, "code": 5.0}),
+              _point(100, {"math": .1, "code": .7}, {"math": 2.0, "code": 6.0})]),
+          dataclasses.replace(me, arm="recover_self@0", curve=_math_only([(0, .1), (20, .5)]),
+                              flops_by_phase={"train/teacher": 20.0}, distill_flops=20.0, **kw),
+          dataclasses.replace(grpo, arm="recover_grpo@0", curve=_math_only([(0, .1), (200, .3)]),
+                              flops_by_phase={"train/policy": 200.0}, **kw)]
+
+
+def test_a_further_depth_of_the_degradation_is_a_recovery_group_of_its_own(tmp_path):
+  arms = _recovery_arms() + _deeper_arms() + _arms()
+  rep = build_report(arms, bootstrap=0)
+  # Each depth has its own target and reference; the configured one's figures are unchanged.
+  assert rep["recover_target"]["mean"] == pytest.approx(0.45)
+  assert rep["recover_target@0"]["mean"] == pytest.approx(0.35)
+  assert build_report(_recovery_arms() + _arms(), bootstrap=0)["arms"]["recover_self"] == \
+      rep["arms"]["recover_self"]
+  me = rep["arms"]["recover_self@0"]
+  assert me["reference"] == "recover_grpo@0"
+  assert me["flops_to_target"]["mean"] == pytest.approx(20 * .25 / .4)   # .1 -> .5: .35 at 12.5
+  # GRPO had not got back when it stopped: censored at its 200 FLOPs, the saving a bound.
+  assert me["saving_at_target"]["mean"] == pytest.approx(1 - 12.5 / 200)
+  assert me["saving_at_target"]["bound"] == 1
+  lines = [v for v in rep["verdicts"] if v.startswith("(d)")]
+  assert lines == [
+      "(d) the degradation (noisy SFT): math 60.0% → 30.0%; the recovery target 45.0%",
+      "(d) to recover the degraded domain: self-teacher OPD needs 90.0% fewer FLOPs than GRPO "
+      "(10.0x fewer)",
+      "(d) the degradation degrade@0 (noisy SFT, none right): math 60.0% → 10.0%; the recovery "
+      "target 35.0%",
+      "(d) to recover the degraded domain (degrade@0): GRPO had not reached the level when it "
+      "stopped: saving ≥ 93.8% (≥ 16.0x fewer FLOPs)"], lines
+  # A table per depth, each on its own target and reference, and both in the page's part.
+  table = format_table(rep)
+  assert "Self-teacher recovery of math (target 45.0%; savings vs recover_grpo;" in table
+  deep = table[table.index("Self-teacher recovery of math from degrade@0 (target 35.0%; savings "
+                           "vs recover_grpo@0"):]
+  rows = [ln.split()[0] for ln in deep[:deep.index("Verdicts:")].splitlines()[3:] if ln.strip()]
+  assert rows == ["degrade@0", "recover_self@0", "recover_grpo@0"], rows
+  part = markdown(rep, "recovery")
+  assert part.count("*Self-teacher recovery of math") == 2 and "| joint_grpo |" not in part
+  # The plot: a degradation and a recovery panel per depth, each on its own target.
+  panels = curve_series(arms)
+  assert list(panels) == ["main", "degrade", "recovery", "degrade@0", "recovery@0"]
+  assert [a for a, *_ in panels["recovery@0"]["series"]] == ["recover_self@0", "recover_grpo@0"]
+  assert panels["recovery@0"]["targets"] == pytest.approx([0.35])
+  assert [a for a, *_ in panels["degrade@0"]["series"]] == ["degrade@0"]
+  paths = write_report(rep, arms, str(tmp_path))
+  assert open(paths["plot"], "rb").read(4) == b"\x89PNG"
+
+
 def test_recovery_targets_are_read_on_the_given_domain():
   # A recovery arm also evaluated on code: on math (0.1 -> 0.5 over 100 FLOPs) it reaches the
   # target 0.3 at 50; its mean (0.3 -> 0.5) is at the target from the start.

@@ -423,3 +423,65 @@ def test_lending_a_studys_finished_phases_to_a_variants_workdir(tmp_path, capsys
   other.base.steps = c.base.steps + 1
   with pytest.raises(ckpt_lib.ConfigMismatchError, match="base.steps"):
     store.load_done(str(dst / "seed_0"), other, "base", ("base",), None)
+
+
+def test_a_further_depth_of_the_degradation_is_the_phase_a_study_at_that_depth_runs(
+    tmp_path, monkeypatch):
+  """self_teacher.also_correct_fractions: each depth's phases (`<phase>@<fraction>`) run under
+  the study's config with degrade_correct_fraction set to that depth, field for field, so that
+  a study run at that depth can lend them its finished phases under the new names (`lend` with
+  src=dst), checked on loading like any lent phase; bad depths are one-line errors."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import json  # pylint: disable=import-outside-toplevel
+  from smjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
+  from smjax.study import phases as ph, run, store  # pylint: disable=import-outside-toplevel
+  c = study_defaults()
+  c.self_teacher.also_correct_fractions = (0.0, 0.2)
+  validate(c)
+  for depths, needle in (((0.5,), "differ from the others and from degrade_correct_fraction=0.5"),
+                         ((0.0, 0.0), "differ from the others"), ((1.0,), r"in \[0, 1\)")):
+    bad = c.copy_and_resolve_references()
+    bad.self_teacher.also_correct_fractions = depths
+    with pytest.raises(ValueError, match=needle):
+      validate(bad)
+  grpo = c.copy_and_resolve_references()
+  grpo.self_teacher.degrade = "grpo"
+  with pytest.raises(ValueError, match="depths of the noisy_sft degradation; degrade='grpo'"):
+    validate(grpo)
+  calls = []
+  monkeypatch.setattr(run, "_recover", lambda shared, wd, joint, ext, suffix="": calls.append(
+      (suffix, shared.config)) or [suffix])
+  from smjax.study.shared import SeedShared  # pylint: disable=import-outside-toplevel
+  shared = SeedShared(**{f.name: None for f in dataclasses.fields(SeedShared)} | {"config": c})
+  assert run._self_teacher(shared, "wd", None, None) == ["", "@0", "@0.2"]
+  assert [s for s, _ in calls] == ["", "@0", "@0.2"] and calls[0][1] is c
+  for (_, got), f in zip(calls[1:], (0.0, 0.2)):
+    at = study_defaults()
+    at.self_teacher.degrade_correct_fraction = f
+    assert got.to_dict() == at.to_dict()
+  assert tuple(c.self_teacher.also_correct_fractions) == (0.0, 0.2)   # the study's own: as it was
+  # A study run at depth 0 lends its degradation to one that lists 0 as a further depth.
+  at0 = calls[1][1]
+  src, dst = tmp_path / "at0", tmp_path / "study"
+  (src / "seed_0" / "degrade").mkdir(parents=True)
+  (src / "seed_0" / "degrade" / "result.json").write_text(
+      json.dumps({"ledger": {}, "curve": [], "config": at0.to_dict()}))
+  for spec in (["degrade="], ["=degrade@0"], ["degrade=a/b"]):
+    with pytest.raises(ValueError, match="expected a phase directory's name, or src=dst"):
+      store.lend(str(src), str(dst), spec)
+  assert not dst.exists()
+  assert store.main([str(src), str(dst), "--phases", "degrade=degrade@0"]) == 0
+  lent = dst / "seed_0" / "degrade@0"
+  assert lent.resolve() == (src / "seed_0" / "degrade").resolve()
+  assert not (dst / "seed_0" / "degrade").exists()
+  reads = ph.read_fields(ph.DEGRADE)
+  # Loaded under the configured depth's config it is refused; under the depth's own, its config
+  # is accepted (and only its missing parameters are reported).
+  with pytest.raises(ckpt_lib.ConfigMismatchError, match="degrade_correct_fraction"):
+    store.load_done(str(dst / "seed_0"), c, "degrade@0", reads, None)
+  with pytest.raises(ckpt_lib.CorruptCheckpointError, match="holds no saved parameters"):
+    store.load_done(str(dst / "seed_0"), at0, "degrade@0", reads, None)
+  # `smjax export` knows them as arms, each the phase of its name.
+  from smjax.study import export  # pylint: disable=import-outside-toplevel
+  assert all(export._ARMS.match(a) and export.phase_of(a) == a
+             for a in ("degrade@0", "recover_self@0.2", "recover_grpo@0"))

@@ -31,7 +31,7 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "checkpoint_s
                       "report.bootstrap", "report.confidence", "report.levels", "band",
                       "self_teacher.min_loss", "self_teacher.recover_target_fraction",
                       "collapse_window", "seeds", "phases", "wandb", "external.control",
-                      "parallel_phases")
+                      "parallel_phases", "self_teacher.also_correct_fractions")
 
 
 # Fields added to the schema after studies were run, each with the value that does what a config
@@ -41,12 +41,14 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "checkpoint_s
 # there was; "auto" is the same for the char tokenizer (no template), "none" for an HF model.
 # experts.preset: the experts were the student's model, which "" names. domain_difficulty: every
 # domain took `difficulty`, which "" means. parallel_phases: one phase at a time (run-neutral).
+# self_teacher.also_correct_fractions: one degradation (run-neutral: it adds phases).
 ADDED_FIELDS = {
     "model.chat_template": lambda old: "none" if old.get("model", {}).get("hf_path") else "auto",
     "experts.preset": lambda old: "",
     "domain_difficulty": lambda old: "",
     "parallel_phases": lambda old: 1,
     "mopd.plateau_flops_fraction": lambda old: 0.0,
+    "self_teacher.also_correct_fractions": lambda old: (),
 }
 
 
@@ -236,10 +238,15 @@ def study_defaults() -> mlc.ConfigDict:
   # the report reads from their whole curves the FLOPs each needs to get back
   # `recover_target_fraction` of what was lost. The recovery arms are evaluated `eval_refine`
   # times as often as the study's grid: they are short, and their FLOPs to target is the claim.
+  # `also_correct_fractions` (noisy_sft): more depths of the same degradation, each with its own
+  # degrade phase and three recoveries, named `<phase>@<fraction>` (e.g. recover_grpo@0), each
+  # exactly the phase a study with degrade_correct_fraction=<fraction> runs: what the self
+  # teacher saves depends on how deep the loss went (GRPO's one-bit reward finds its way back
+  # from a partial loss, not from one with no right answer left), so a study can report both.
   c.self_teacher = mlc.ConfigDict(dict(
       degrade="noisy_sft", degrade_domain="code", recover_domain="math", degrade_steps=300,
       degrade_learning_rate=1e-3, degrade_correct_fraction=0.5, recover_steps=200,
-      recover_target_fraction=0.9, eval_refine=64, min_loss=0.2))
+      recover_target_fraction=0.9, eval_refine=64, min_loss=0.2, also_correct_fractions=()))
 
   # Evaluation: each held-out prompt sampled `samples` times at rl.temperature (the headline
   # accuracy is their mean), plus greedy pass@1 (`greedy`); `batch_size` prompts per sampler call.
@@ -334,6 +341,16 @@ def validate(c: mlc.ConfigDict) -> None:
       raise ValueError(f"config.self_teacher.degrade_correct_fraction="
                        f"{c.self_teacher.degrade_correct_fraction} must be in [0, 1) (1: no "
                        "mistakes, nothing degrades)")
+    more = [float(x) for x in c.self_teacher.also_correct_fractions]
+    if more and c.self_teacher.degrade != "noisy_sft":
+      raise ValueError(f"config.self_teacher.also_correct_fractions={tuple(more)} are depths of "
+                       f"the noisy_sft degradation; degrade={c.self_teacher.degrade!r}: set it "
+                       "to ()")
+    every = [float(c.self_teacher.degrade_correct_fraction)] + more
+    if any(not 0.0 <= x < 1.0 for x in more) or len(set(every)) < len(every):
+      raise ValueError(f"config.self_teacher.also_correct_fractions={tuple(more)}: each must be "
+                       f"in [0, 1) and differ from the others and from degrade_correct_fraction="
+                       f"{every[0]:g}")
     if not 0.0 <= float(c.self_teacher.min_loss) <= 1.0:
       raise ValueError(f"config.self_teacher.min_loss={c.self_teacher.min_loss} must be in "
                        "[0, 1] (an accuracy drop)")

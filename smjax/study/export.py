@@ -7,10 +7,11 @@ Hugging Face directory, which `transformers.AutoModelForCausalLM` / `AutoTokeniz
 
 ARM is an arm as the report names it (base, joint_grpo, expert_<domain>, split_merge,
 split_merge@<bar>, external_teacher, control_teacher, external_opd, control_opd, degrade,
-recover_self, recover_external, recover_grpo; in a strong-to-weak study base_strong and
-joint_grpo_strong) or a phase directory of the seed; an arm's parameters are its phase's final
-ones, `WORKDIR/seed_N/<phase>/final/` (`phase_of`: the split_merge arms are the `mopd` phases,
-every other arm is the phase of its name), in the shape of the model that phase ran (`_model`:
+recover_self, recover_external, recover_grpo, the last four also with @<fraction> for a further
+depth of the degradation; in a strong-to-weak study base_strong and joint_grpo_strong) or a
+phase directory of the seed; an arm's parameters are its phase's final ones,
+`WORKDIR/seed_N/<phase>/final/` (`phase_of`: the split_merge arms are the `mopd` phases, every
+other arm is the phase of its name), in the shape of the model that phase ran (`_model`:
 the external teacher's preset, in a strong-to-weak study experts.preset for base_strong,
 joint_grpo_strong and the experts, else the student's).
 
@@ -52,8 +53,8 @@ EXPORT_FILE = "smjax_export.json"
 _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 # The arms a study can have (smjax.study.run names them), as patterns.
 _ARMS = re.compile(r"^(base(_strong)?|joint_grpo(_strong)?|expert_.+|split_merge(@.+)?|"
-                   r"external_teacher|control_teacher|external_opd|control_opd|degrade|"
-                   r"recover_(self|external|grpo))$")
+                   r"external_teacher|control_teacher|external_opd|control_opd|"
+                   r"(degrade|recover_(self|external|grpo))(@.+)?)$")
 # The phases that run experts.preset's model when it is set (strong-to-weak, smjax.study.run).
 _EXPERTS_MODEL = re.compile(r"^(base_strong|joint_grpo_strong|expert_.+)$")
 

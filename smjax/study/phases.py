@@ -419,15 +419,18 @@ DEGRADE = PhaseSpec("degrade", reads=(
     "self_teacher.recover_domain"), after=(JOINT,))
 
 
-def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> PhaseOutput:
+def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
+                      name: str = DEGRADE.name) -> PhaseOutput:
   """Claim (d)'s degradation by noisy data (self_teacher.degrade="noisy_sft"): the joint model
   SFT'd `degrade_steps` steps at `degrade_learning_rate` (constant) on every domain's chains,
   recover_domain's with their mistake sites flawed so that `degrade_correct_fraction` of them
   are right (the base's mixture, `flaw_mixture`) and the others' right, then evaluated. (On
   recover_domain alone the model forgets the other domains too: code fell to 0 %.) Its SFT
   FLOPs are reported under base/* and charged to no arm: the degradation is where every
-  recovery route starts, not a route."""
+  recovery route starts, not a route. `name`: its directory (a further depth's is
+  `degrade@<fraction>`, its shared.config carrying that fraction: smjax.study.run)."""
   c = shared.config
+  spec = dataclasses.replace(DEGRADE, name=name)
   st, b = c.self_teacher, c.base
   rec = st.recover_domain
 
@@ -441,18 +444,17 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput) -> P
     state = shared.new_state(jax.tree.map(jnp.copy, joint.params), tx)
     mix = flaw_mixture(shared.domains, {d: float(st.degrade_correct_fraction) if d == rec else 1.0
                                         for d in domain_keys(c)})
-    with _writer(c, workdir, DEGRADE.name) as writer:
-      state, ledger = _sft(shared, workdir, DEGRADE, phase="base/degrade", state=state,
+    with _writer(c, workdir, name) as writer:
+      state, ledger = _sft(shared, workdir, spec, phase="base/degrade", state=state,
                            step=step, stream=shared.prompts(domain_keys(c), b.batch_size, 50, mix),
                            seq_len=b.seq_len, num_steps=int(st.degrade_steps), writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
       writer.write(int(st.degrade_steps),
                    {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
-      _eval_line(c, DEGRADE.name, int(st.degrade_steps), fields, ledger)
+      _eval_line(c, name, int(st.degrade_steps), fields, ledger)
     return PhaseOutput(state.params, ledger, [_point(int(st.degrade_steps), fields)], {})
-  return store.run_phase(workdir, c, DEGRADE.name, read_fields(DEGRADE), shared.abstract_params(),
-                         fn)
+  return store.run_phase(workdir, c, name, read_fields(DEGRADE), shared.abstract_params(), fn)
 # The recovery arms run their whole budget: their target (self_teacher.recover_target_fraction)
 # is the report's to read off their curves, and self_teacher.min_loss is checked between the
 # phases (smjax.study.run.check_degradation); neither changes what a recovery phase computes.

@@ -23,7 +23,8 @@ from smjax.study import stats
 from smjax.study.bench_tables import bench_markdown
 from smjax.study.report import ArmResult, recover_domain_of
 from smjax.study.verdicts import (FRONTIER_READINGS, READINGS, REPLAYED, cell_reading,
-                                  collapse_text, flat_rule_text, point_only, replay_differs)
+                                  collapse_text, flat_rule_text, point_only, recovery_suffix,
+                                  recovery_suffixes, replay_differs)
 
 # The terminal's table (`format_table(report, width=TERMINAL_WIDTH)`, printed by the command line)
 # fits this many columns; report.txt, report.csv and report.json keep every figure.
@@ -173,15 +174,19 @@ def format_table(report: dict, width: int | None = None) -> str:
                   points=(report.get("reference_arm"), "split-then-merge"),
                   drop=("saving, stops between bars: at most", "bracket joint / split",
                         "cheapest expert stop per seed", "distill/experts"))
-  for group in ("main", "recovery"):
-    arms = {n: a for n, a in report["arms"].items() if a["group"] == group}
+  recovery = [n for n, a in report["arms"].items() if a["group"] == "recovery"]
+  # The main arms, then each degradation's recovery arms (a further depth's: degrade@<f>, ...).
+  for group, sfx in [("main", "")] + [("recovery", x) for x in recovery_suffixes(recovery)]:
+    arms = {n: a for n, a in report["arms"].items() if a["group"] == group
+            and (group == "main" or recovery_suffix(n) == sfx)}
     if not arms:
       continue
     on = rec_d if group == "recovery" else None
-    tgt = report.get("target_accuracy" if group == "main" else "recover_target")
-    title = ("Arms" if group == "main" else f"Self-teacher recovery of {rec_d}") + (
+    tgt = report.get("target_accuracy" if group == "main" else "recover_target" + sfx)
+    title = ("Arms" if group == "main" else f"Self-teacher recovery of {rec_d}"
+             + (f" from degrade{sfx}" if sfx else "")) + (
         f" (target {_ci(tgt, pct=True)}; savings vs "
-        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo'}; {cover})")
+        f"{report.get('reference_arm') if group == 'main' else 'recover_grpo' + sfx}; {cover})")
     cols = ["arm", "acc" if on is None else f"{on} acc", "greedy", "per domain", "train FLOPs",
             "FLOPs to target", "saving@target", "headroom", "resp len"]
     rows = []
@@ -276,11 +281,13 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
   x-axis labels)."""
   rec_d = recover_domain_of(arms, recover_domain)
   out = {}
-  for group in ("main", "degrade", "recovery"):
+  depths = recovery_suffixes([a.arm for a in arms if a.group == "recovery"])
+  for group in ["main"] + [g + x for x in depths for g in ("degrade", "recovery")]:
     on = None if group == "main" else rec_d
     members = [a for a in arms if a.curve and (
         a.group == "main" if group == "main" else
-        a.group == "recovery" and (a.target is None) == (group == "degrade"))]
+        a.group == "recovery" and recovery_suffix(a.arm) == recovery_suffix(group)
+        and (a.target is None) == group.startswith("degrade"))]
     if members:
       score = lambda p: p["mean"] if on is None else p["accuracy"][on]  # noqa: E731
       out[group] = {
@@ -293,8 +300,8 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
               "mean over domains" if on is None else f"{on} (the recovered domain)")}
       # The degradation trains the joint model further (smjax.study.run._self_teacher).
       joint = {a.seed: a for a in arms if a.arm == "joint_grpo" and a.curve}
-      if group == "degrade" and all(len({p["flops"] for p in a.curve}) == 1 and a.seed in joint
-                                    for a in members):
+      if group.startswith("degrade") and all(len({p["flops"] for p in a.curve}) == 1
+                                             and a.seed in joint for a in members):
         ends = [(a, joint[a.seed].curve[-1], a.curve[-1]) for a in members]
         out[group]["series"] = [
             (a.arm, a.seed, [0, 1], [100 * score(before), 100 * score(after)],
@@ -314,21 +321,30 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   panels = curve_series(arms, recover_domain=report.get("recover_domain"))
   front = (report.get("frontier") or {}).get("mean")
   n = max(len(panels) + bool(front), 1)
-  fig, axes = plt.subplots(1, n, figsize=(7 * n, 5), squeeze=False)
+  # At most three panels a row (two degradations make five with the main curves).
+  cols = min(n, 3)
+  rows = -(-n // cols)
+  fig, grid = plt.subplots(rows, cols, figsize=(7 * cols, 5 * rows), squeeze=False)
+  axes = list(grid.flat)
+  for ax in axes[n:]:
+    ax.set_visible(False)
   if front:
-    plot_frontier(axes[0][0], report)
-    axes = [axes[0][1:]]
+    plot_frontier(axes[0], report)
+    axes = axes[1:]
   colors: dict[str, str] = {}
   titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
             "recovery": "Self-teacher recovery"}
-  for ax, (group, panel) in zip(axes[0], panels.items()):
+  for ax, (panel_name, panel) in zip(axes, panels.items()):
+    group, sfx = panel_name.partition("@")[0], recovery_suffix(panel_name)
     labelled = set()
     for arm, _, xs, ys, band in panel["series"]:
-      c = colors.setdefault(arm, f"C{len(colors) % 10}")
+      # A recovery route keeps its colour at every depth of the degradation.
+      key = arm if group == "main" else arm.partition("@")[0]
+      c = colors.setdefault(key, f"C{len(colors) % 10}")
       ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
       ax.fill_between(xs, np.subtract(ys, band), np.add(ys, band), color=c, alpha=0.15, lw=0)
       labelled.add(arm)
-    tgt = report.get("target_accuracy" if group == "main" else "recover_target")
+    tgt = report.get("target_accuracy" if group == "main" else "recover_target" + sfx)
     if tgt and not math.isnan(_num(tgt)):
       ax.axhline(100 * _num(tgt), color="gray", ls=":", lw=1,
                  label="matched target" if group == "main" else "recovery target")
@@ -341,6 +357,7 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
                     + ("" if group == "main" else f" of the {group} phase"))
     ax.set_ylabel(panel["ylabel"])
     ax.set_title(titles[group] + (f" of {panel['domain']}" if panel["domain"] else "")
+                 + (f" (degrade{sfx})" if sfx else "")
                  + " (bands: 95% over prompts)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -37,7 +37,7 @@ import numpy as np
 from smjax.ledger import flops_to_reach
 from smjax.study import rules, stats
 from smjax.study.rules import captured, mean_accuracy as _mean, stop_accuracy
-from smjax.study.verdicts import verdicts
+from smjax.study.verdicts import recovery_suffix, verdicts
 from smjax.train.loop import first_hold, run_on_end
 
 
@@ -175,6 +175,7 @@ def split_sets(arms) -> list[str]:
 SPLIT = "split_merge"
 
 
+
 def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
                  reference_arm: str | None, recover_domain: str | None,
                  target: float | None = None, levels: Sequence[float] = (),
@@ -216,17 +217,20 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
       ref_final = float(np.mean([_mean(final[n]) for n in pool]))
       target = (target_fraction * ref_final if "base" not in arms
                 else _mean(final["base"]) + target_fraction * (ref_final - _mean(final["base"])))
-  rec_target = None
-  # Without a recover domain (hand-made recovery arms on several domains) they are scored on the
-  # mean, against the target they carry.
+  # Each degradation's routes share a target (one per depth: recovery_suffix). Without a recover
+  # domain (hand-made recovery arms on several domains) they are scored on the mean, against the
+  # target they carry.
   on_rec = recover_domain is not None
-  routes = [a for a in arms.values() if a.group == "recovery" and a.teachers] if on_rec else []
-  if routes and routes[0].start in arms and routes[0].teachers[recover_domain] in arms:
-    r = routes[0]
-    lo, hi = final[r.start][recover_domain], final[r.teachers[recover_domain]][recover_domain]
-    rec_target = lo + r.capture_fraction * (hi - lo)
-  elif any(a.target is not None for a in arms.values() if a.group == "recovery"):
-    rec_target = next(a.target for a in arms.values() if a.target is not None)
+  rec_targets: dict[str, float] = {}
+  for a in arms.values():
+    sfx = recovery_suffix(a.arm)
+    if a.group != "recovery" or a.target is None or sfx in rec_targets:
+      continue
+    if on_rec and a.teachers and a.start in arms and a.teachers[recover_domain] in arms:
+      lo, hi = final[a.start][recover_domain], final[a.teachers[recover_domain]][recover_domain]
+      rec_targets[sfx] = lo + a.capture_fraction * (hi - lo)
+    else:
+      rec_targets[sfx] = a.target
 
   def scored(name, point_acc):
     return (point_acc.get(recover_domain, math.nan) if arms[name].group == "recovery" and on_rec
@@ -249,8 +253,9 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
                             else _mean(lens))
     if recover_domain is not None and recover_domain in final[name]:
       f["accuracy_recover_domain"] = final[name][recover_domain]
-    tgt = target if a.group == "main" else (rec_target if a.target is not None else None)
-    ref = reference_arm if a.group == "main" else "recover_grpo"
+    sfx = recovery_suffix(name) if a.group == "recovery" else ""
+    tgt = target if a.group == "main" else (rec_targets.get(sfx) if a.target is not None else None)
+    ref = reference_arm if a.group == "main" else "recover_grpo" + sfx
     if a.flops_by_phase:
       f["flops_total"] = a.total_flops
       for p, v in a.flops_by_phase.items():
@@ -264,10 +269,10 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
           f["length_vs_reference"] = f["response_length"] - (
               _mean(length[ref][-1]) if a.group == "main" or not on_rec else
               length[ref][-1].get(recover_domain, math.nan))
-        if name == "recover_self" and "recover_external" in arms:
+        if name == "recover_self" + sfx and "recover_external" + sfx in arms:
           # Claim (d) speaks of distillation FLOPs: the self teacher against the external one.
           f["saving_vs_external"] = _saving(f["flops_to_target"],
-                                            _reach(xs("recover_external"), tgt))
+                                            _reach(xs("recover_external" + sfx), tgt))
     if a.teachers and all(t in arms for t in a.teachers.values()) and a.start in arms:
       start = {d: final[a.start][d] for d in a.teachers}
       # A checkpoint set's teachers are the experts where they were stopped, not their ends.
@@ -288,8 +293,8 @@ def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
     out |= {f"{name}|{k}": v for k, v in f.items()}
   if target is not None:
     out["_study|target"] = target
-  if rec_target is not None:
-    out["_study|recover_target"] = rec_target
+  for sfx, t in rec_targets.items():
+    out[f"_study|recover_target{sfx}"] = t
   sets = split_sets(arms)
   # The frontier compares two routes: a split-then-merge arm as the reference has none to face.
   if levels and "base" in arms and reference_arm in arms and sets and reference_arm not in sets:
@@ -456,7 +461,9 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   x the reference's final accuracy; without a reference arm: the mean over all main arms), and
   recomputed in every bootstrap replicate. Recovery arms share the target their routes stopped
   at: the degraded accuracy plus their capture_fraction of the gap to their teacher; their
-  savings are against `recover_grpo`. `bootstrap` replicates (0: point estimates only) at
+  savings are against `recover_grpo`. A further depth of the degradation (arms `degrade@<f>`,
+  `recover_*@<f>`) is its own such group, with its own target ("recover_target@<f>") and its
+  savings against `recover_grpo@<f>`. `bootstrap` replicates (0: point estimates only) at
   `confidence`, drawn with numpy seed `seed` (smjax.study.stats). `levels`: the frontier's
   accuracy levels as fractions of the reference arm's gain (seed_figures); `target_fraction`
   must be one of them when the frontier is reported (its verdicts read that level).
@@ -505,13 +512,17 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
         nested[k] = v
     out["arms"][name] = nested | {
         "group": runs[0].group, "seeds": [r.seed for r in runs],
-        "reference": (reference_arm if runs[0].group == "main" else "recover_grpo"),
+        "reference": (reference_arm if runs[0].group == "main"
+                      else "recover_grpo" + recovery_suffix(name)),
         "reached_stop_rule": [r.reached for r in runs if r.reached is not None],
         "notes": sorted({r.note for r in runs if r.note}),
         "collapsed": [{"seed": r.seed} | r.collapsed for r in runs if r.collapsed]}
   for key, field in (("target", "target_accuracy"), ("recover_target", "recover_target")):
     v = summary.get(f"_study|{key}")
     out[field] = None if v is None else stats.jsonable(v)
+  for k, v in summary.items():   # a further degradation's recovery target: recover_target@<f>
+    if k.startswith("_study|recover_target@"):
+      out[k.partition("|")[2]] = stats.jsonable(v)
   out["frontier"] = _frontier_summary(summary, by_seed)
   if flat_rule:
     out["flat_rule"] = {"ran": flat_rule["ran"], "replayed": flat_rule["replay"],

@@ -19,7 +19,9 @@ Every arm starts from the same SFT base model (its FLOPs are reported apart, und
   (an "external post-trained teacher": its own training is not charged to the arm);
 - `self_teacher`: the joint model trained further on one domain (which degrades the other), then
   the degraded domain recovered by OPD from the model's own earlier checkpoint (the self-GRPO
-  teacher), by OPD from the external teacher, and by GRPO; FLOPs to recover are compared.
+  teacher), by OPD from the external teacher, and by GRPO; FLOPs to recover are compared; with
+  self_teacher.also_correct_fractions, again from each further depth of the degradation
+  (`degrade@<f>`, `recover_*@<f>`).
 
 Each phase (smjax.study.phases) has its own work dir `<workdir>/seed_<s>/<phase>/`: a finished phase
 is not run again, and an interrupted one resumes from its last checkpoint (smjax.study.store). All
@@ -431,25 +433,43 @@ def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
 
 def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput):
   """Claim (d): recover a domain degraded by later training, from the model's own earlier GRPO
-  checkpoint (self teacher) vs the external teacher vs GRPO. The degradation must cost the
-  domain at least self_teacher.min_loss (`check_degradation`); each route then runs its whole
+  checkpoint (self teacher) vs the external teacher vs GRPO (`_recover`), at the configured
+  degradation and at each further depth of it (self_teacher.also_correct_fractions), whose
+  phases are named `<phase>@<fraction>` and compute exactly what a study with
+  degrade_correct_fraction=<fraction> does (the same config where any phase reads it, the same
+  streams), so such a study's finished phases can be lent to them (`smjax lend`)."""
+  arms = _recover(shared, workdir, joint, external)
+  for f in shared.config.self_teacher.also_correct_fractions:
+    c = shared.config.copy_and_resolve_references()
+    c.self_teacher.degrade_correct_fraction = float(f)
+    c.self_teacher.also_correct_fractions = ()
+    arms += _recover(dataclasses.replace(shared, config=c), workdir, joint, external,
+                     f"@{float(f):g}")
+  return arms
+
+
+def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput,
+             suffix: str = ""):
+  """One degradation and its three recoveries (named with `suffix`). The degradation must cost
+  the domain at least self_teacher.min_loss (`check_degradation`); each route then runs its whole
   recover_steps with dense evaluation, and the report reads from the whole curves the FLOPs each
   needs to get back recover_target_fraction of what the degradation lost."""
   st = shared.config.self_teacher
   deg_d, rec_d = st.degrade_domain, st.recover_domain
+  start = ph.DEGRADE.name + suffix
   if st.degrade == "grpo":
-    degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, ph.DEGRADE.name, algo=ph.grpo(shared),
+    degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, start, algo=ph.grpo(shared),
                            init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
                            stream_seed=50)
     how = f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}"
   else:
-    degraded = ph.phase_degrade_sft(shared, workdir, joint)
+    degraded = ph.phase_degrade_sft(shared, workdir, joint, start)
     how = (f"joint model SFT'd {st.degrade_steps} steps on {rec_d} chains, "
            f"{100 * float(st.degrade_correct_fraction):g}% of them right")
   check_degradation(shared.config, shared.seed, joint, degraded)
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
-  arms = [_arm("degrade", shared.seed, degraded, group="recovery", note=how)]
+  arms = [_arm(start, shared.seed, degraded, group="recovery", note=how)]
   opd, grpo = ph.opd(shared), ph.grpo(shared)
   # Each route's teacher is made as its phase starts (the external one reads its preset then).
   routes = (
@@ -461,11 +481,12 @@ def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external
   )
   for i, (spec, algo, teacher) in enumerate(routes):
     router = None if teacher is None else shared.teacher_router([teacher()])
-    out = ph.rl_phase(shared, workdir, spec, spec.name, algo=algo, init_params=degraded.params,
-                      domains=[rec_d], steps=st.recover_steps, stream_seed=60 + i, router=router,
-                      heldout_domains=[rec_d], eval_refine=int(st.eval_refine))
-    arms.append(_arm(spec.name, shared.seed, out, group="recovery", target=target,
-                     teachers={rec_d: "joint_grpo"}, start="degrade",
+    out = ph.rl_phase(shared, workdir, spec, spec.name + suffix, algo=algo,
+                      init_params=degraded.params, domains=[rec_d], steps=st.recover_steps,
+                      stream_seed=60 + i, router=router, heldout_domains=[rec_d],
+                      eval_refine=int(st.eval_refine))
+    arms.append(_arm(spec.name + suffix, shared.seed, out, group="recovery", target=target,
+                     teachers={rec_d: "joint_grpo"}, start=start,
                      capture_fraction=st.recover_target_fraction,
                      distill_flops=sum(_train_flops(out).values()) if algo is opd else 0.0))
   return arms

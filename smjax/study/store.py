@@ -215,7 +215,17 @@ def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
   `seeds`: those only (default: every seed_<k> of src). Local workdirs only (links). Refused,
   before anything is written: a seed src lacks, a phase no seed has finished, a phase dst holds
   that is not a link to src's, a dst seed on another grid. Returns the links it made (none for
-  those already there)."""
+  those already there). A phase given as `src=dst` is lent under another name: e.g.
+  `degrade=degrade@0` lends a study run with self_teacher.degrade_correct_fraction=0 its
+  degradation as the further depth `degrade@0` of one that lists 0 in also_correct_fractions
+  (each is the same phase, smjax.study.run._self_teacher; checked on loading like any other)."""
+  renamed = [p.partition("=") for p in phases]
+  bad = [p for p, (a, eq, b) in zip(phases, renamed) if not a or (eq and not b) or "/" in p]
+  if bad:
+    raise ValueError(f"lend: phases {bad}: expected a phase directory's name, or src=dst to "
+                     "lend it under another name (e.g. degrade=degrade@0)")
+  as_name = {a: b or a for a, _, b in renamed}
+  phases = list(as_name)
   if paths.is_url(src_workdir) or paths.is_url(dst_workdir):
     raise ValueError(f"lending links directories, so both workdirs must be local; got "
                      f"{src_workdir} and {dst_workdir}")
@@ -238,8 +248,8 @@ def lend(src_workdir: str, dst_workdir: str, phases: Sequence[str],
   links, grids = [], []
   for d in names:   # every refusal before anything is written
     src_seed = os.path.abspath(os.path.join(src_workdir, d))
-    pairs = [(os.path.join(src_seed, p), os.path.join(dst_workdir, d, p)) for p in phases
-             if done(d, p)]
+    pairs = [(os.path.join(src_seed, p), os.path.join(dst_workdir, d, as_name[p]))
+             for p in phases if done(d, p)]
     links += new_links(pairs, "that workdir ran it on its own; move it away to lend it the other's")
     grid, mine = os.path.join(src_seed, "eval_interval.json"), os.path.join(dst_workdir, d,
                                                                              "eval_interval.json")
@@ -316,7 +326,8 @@ def main(argv=None) -> int:
   ap.add_argument("src", help="the study's --workdir")
   ap.add_argument("dst", help="the variant's --workdir (created)")
   ap.add_argument("--phases", required=True,
-                  help="comma-separated phase directories, e.g. base,joint_grpo")
+                  help="comma-separated phase directories, e.g. base,joint_grpo; src=dst lends "
+                  "one under another name, e.g. degrade=degrade@0")
   ap.add_argument("--seeds", help="comma-separated seeds (default: every seed_<k> of SRC)")
   a = ap.parse_args(argv)
   phases = [p for p in a.phases.split(",") if p]

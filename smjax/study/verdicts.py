@@ -349,17 +349,19 @@ def verdicts(report: dict) -> list[str]:
   if len(best) > 1:
     lines.append("(c) best checkpoint (chosen on the stop set, measured on the report set): "
                  + "; ".join(f"{n} {_acc(v, _some_seeds(report, n))}" for n, v in best))
-  rs, rg = arms.get("recover_self", {}), arms.get("recover_grpo", {})
-  if "saving_at_target" in rs:
-    lines += degradation_line(report)
-  if "saving_at_target" in rs and rg:
-    lines.append("(d) to recover the degraded domain: " + _saving_line(
-        "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point,
-        times=True))
-  if "saving_vs_external" in rs:   # "cut distillation FLOPs": against the other teacher too
-    lines.append("(d) to recover the degraded domain: " + _saving_line(
-        "self-teacher OPD", rs["saving_vs_external"], "external-teacher OPD",
-        rs.get("flops_to_target"), point, times=True))
+  for sfx in recovery_suffixes(arms):   # each depth of the degradation (report.recovery_suffix)
+    rs, rg = arms.get("recover_self" + sfx, {}), arms.get("recover_grpo" + sfx, {})
+    head = "(d) to recover the degraded domain" + (f" (degrade{sfx})" if sfx else "") + ": "
+    if "saving_at_target" in rs:
+      lines += degradation_line(report, sfx)
+    if "saving_at_target" in rs and rg:
+      lines.append(head + _saving_line(
+          "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point,
+          times=True))
+    if "saving_vs_external" in rs:   # "cut distillation FLOPs": against the other teacher too
+      lines.append(head + _saving_line(
+          "self-teacher OPD", rs["saving_vs_external"], "external-teacher OPD",
+          rs.get("flops_to_target"), point, times=True))
   fell = [collapse_text(name, c) for name, arm in arms.items() for c in arm.get("collapsed") or []]
   if fell:   # an outcome of its route: the arm's curve ends at the collapse
     fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
@@ -380,20 +382,36 @@ def verdicts(report: dict) -> list[str]:
   return lines + [f"Intervals: {tail}."]
 
 
-def degradation_line(report: dict) -> list[str]:
+def recovery_suffix(name: str) -> str:
+  """A recovery arm's degradation: "" for the configured one's arms (degrade, recover_*),
+  "@<fraction>" for a further depth's (degrade@0, recover_grpo@0: smjax.study.run); the report
+  groups the recovery arms by it."""
+  return name[name.index("@"):] if "@" in name else ""
+
+
+def recovery_suffixes(names) -> list[str]:
+  """The degradations among a report's recovery arms (their names), in order: "" first."""
+  return list(dict.fromkeys(recovery_suffix(n) for n in names
+                            if n.partition("@")[0] == "degrade"
+                            or n.partition("@")[0].startswith("recover_")))
+
+
+def degradation_line(report: dict, suffix: str = "") -> list[str]:
   """Claim (d)'s condition, as a line before its savings: how the domain was degraded and how
   far (the joint model's accuracy on it, the degraded one's, the recovery target). What the
   self teacher saves depends on it: GRPO's one-bit reward finds its way back from a mild loss,
-  not from one that leaves no right answer to learn from (docs/design.md)."""
+  not from one that leaves no right answer to learn from (docs/design.md). `suffix`: which
+  degradation ("" the configured one, "@<fraction>" a further depth)."""
   arms, rec = report.get("arms") or {}, report.get("recover_domain")
-  deg = arms.get("degrade") or {}
+  deg = arms.get("degrade" + suffix) or {}
   after = deg.get("accuracy_recover_domain")
   if not rec or not after:
     return []
   before = ((arms.get("joint_grpo") or {}).get("accuracy") or {}).get(rec)
   how = "; ".join(deg.get("notes") or []) or "later training"
-  target = report.get("recover_target")
-  return [f"(d) the degradation ({how}): {rec} " + (f"{_acc(before)} → " if before else "")
+  target = report.get("recover_target" + suffix)
+  return [f"(d) the degradation{f' degrade{suffix}' if suffix else ''} ({how}): {rec} "
+          + (f"{_acc(before)} → " if before else "")
           + _acc(after) + (f"; the recovery target {_acc(target)}" if target else "")]
 
 
