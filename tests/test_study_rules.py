@@ -354,6 +354,12 @@ def test_a_mild_degradation_is_refused_naming_the_seed_and_the_values():
   with pytest.raises(DegradationError, match=r"seed 3: 1000 GRPO steps on code cost math only "
                      r"2\.2 points .* or choose a degrade_domain that interferes with math"):
     check_degradation(c, 3, out(point(.994)), out(point(.972)))
+  # A further depth's degradation (run under the config with its depth set) names its own.
+  c.self_teacher.degrade, c.self_teacher.degrade_correct_fraction = "noisy_sft", 0.45
+  with pytest.raises(DegradationError, match=r"seed 3: 1000 noisy SFT steps on math \(degrade@0"
+                     r"\.45: 45% of them right\) cost .* lower that depth in self_teacher\."
+                     r"also_correct_fractions, .* deleting that seed's degrade@0\.45/ directory"):
+    check_degradation(c, 3, out(point(.994)), out(point(.972)), "degrade@0.45")
   # Read on the stop set, not the report set: a report-set drop alone does not count.
   with pytest.raises(DegradationError, match="seed 1"):
     check_degradation(c, 1, out(point(.99, report=.99)), out(point(.98, report=.5)))

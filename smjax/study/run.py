@@ -409,11 +409,11 @@ class DegradationError(ValueError):
 
 
 def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
-                      degraded: PhaseOutput) -> None:
-  """The degrade phase must cost the recovered domain at least self_teacher.min_loss of
-  accuracy (read on the stop set, like the base's band on the report set), or the recovery
-  target sits within noise of where recovery starts and no interval can form; DegradationError
-  naming the seed and the values otherwise."""
+                      degraded: PhaseOutput, phase: str = ph.DEGRADE.name) -> None:
+  """The degrade phase (`phase`: a further depth's is degrade@<f>) must cost the recovered domain
+  at least self_teacher.min_loss of accuracy (read on the stop set, like the base's band on the
+  report set), or the recovery target sits within noise of where recovery starts and no
+  interval can form; DegradationError naming the seed and the values otherwise."""
   st = config.self_teacher
   rec = st.recover_domain
   before, after = _stop_final(joint)[rec], _stop_final(degraded)[rec]
@@ -421,14 +421,17 @@ def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
     how, fix = ((f"{st.degrade_steps} GRPO steps on {st.degrade_domain}",
                  f"choose a degrade_domain that interferes with {rec}")
                 if st.degrade == "grpo" else
-                (f"{st.degrade_steps} noisy SFT steps on {rec}",
-                 "lower self_teacher.degrade_correct_fraction"))
+                (f"{st.degrade_steps} noisy SFT steps on {rec}" + (
+                    f" ({phase}: {100 * float(st.degrade_correct_fraction):g}% of them right)"
+                    if phase != ph.DEGRADE.name else ""),
+                 "lower self_teacher.degrade_correct_fraction" if phase == ph.DEGRADE.name
+                 else "lower that depth in self_teacher.also_correct_fractions"))
     raise DegradationError(
         f"seed {seed}: {how} cost {rec} only "
         f"{100 * (before - after):.1f} points ({100 * before:.1f}% -> {100 * after:.1f}% on the "
         f"stop set), less than config.self_teacher.min_loss={st.min_loss:g}: raise "
         f"self_teacher.degrade_steps or {fix}, into a fresh --workdir or after deleting that "
-        "seed's degrade/ directory")
+        f"seed's {phase}/ directory")
 
 
 def _self_teacher(shared: SeedShared, workdir: str, joint: PhaseOutput, external: PhaseOutput):
@@ -466,7 +469,7 @@ def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: Pha
     degraded = ph.phase_degrade_sft(shared, workdir, joint, start)
     how = (f"joint model SFT'd {st.degrade_steps} steps on {rec_d} chains, "
            f"{100 * float(st.degrade_correct_fraction):g}% of them right")
-  check_degradation(shared.config, shared.seed, joint, degraded)
+  check_degradation(shared.config, shared.seed, joint, degraded, start)
   lost_from = degraded.curve[-1]["accuracy"][rec_d]
   target = lost_from + st.recover_target_fraction * (joint.curve[-1]["accuracy"][rec_d] - lost_from)
   arms = [_arm(start, shared.seed, degraded, group="recovery", note=how)]
