@@ -339,9 +339,11 @@ def verdicts(report: dict) -> list[str]:
     if "length_vs_reference" in ext and not _some_seeds(report, arm):
       d = ext["length_vs_reference"]
       m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
-      ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.1f}, {hi:+.1f}]"
+      # Hundredths where tenths would print every figure as 0.0 ("+0.0 [-0.0, +0.0]").
+      nd = 2 if all(abs(x) < 0.05 for x in (m, lo, hi) if math.isfinite(x)) else 1
+      ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.{nd}f}, {hi:+.{nd}f}]"
       if not math.isnan(m):  # nan: a curve without lengths
-        lines.append(f"(c) {what} answers are {m:+.1f} tokens{ci} vs {ref}"
+        lines.append(f"(c) {what} answers are {m:+.{nd}f} tokens{ci} vs {ref}"
                      + ("" if _side(d) or point else " (not distinguishable)")
                      + _agree(d, _side(d), ("longer", "shorter")))
   best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
