@@ -175,7 +175,6 @@ def split_sets(arms) -> list[str]:
 SPLIT = "split_merge"
 
 
-
 def seed_figures(arms: dict[str, ArmResult], idx, *, target_fraction: float,
                  reference_arm: str | None, recover_domain: str | None,
                  target: float | None = None, levels: Sequence[float] = (),
