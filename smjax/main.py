@@ -72,6 +72,9 @@ commands:
           run a study (= python -m smjax.main --config=... --workdir=...); `smjax study --help`
   report  WORKDIR [--out=DIR] [--bootstrap=N]
           re-render a study's table, CSV, JSON and plot from its finished phases
+  status  WORKDIR
+          where a study (or each cell of a regime map) stands: each seed's started phases,
+          done or how far along (safe beside the running study: it reads files only)
   lend    SRC DST --phases base,joint_grpo [--seeds 0,1]
           link study SRC's finished phases into DST, to run a variant of a later phase there
           (each lent phase is checked against DST's config when loaded); src=dst lends one
@@ -468,6 +471,8 @@ def cli():
     _subcommand("eval", "smjax.model_eval", args[1:])
   elif args[0] == "lend":
     _subcommand("lend", "smjax.study.store", args[1:])
+  elif args[0] == "status":
+    _subcommand("status", "smjax.study.status", args[1:])
   elif args[0] == "prepare":
     _subcommand("prepare", "smjax.prepare", args[1:])
   elif args[0] == "convert":
@@ -475,9 +480,8 @@ def cli():
   elif args[0].startswith("--"):  # `smjax --config=... --workdir=...`, as before the subcommands
     run()
   else:
-    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, lend, export, "
-          f"prepare, convert or eval"
-          f"\n\n{USAGE}",
+    print(f"smjax: error: unknown command {args[0]!r}; expected study, report, status, lend, "
+          f"export, prepare, convert or eval\n\n{USAGE}",
           end="", file=sys.stderr)
     sys.exit(2)
 

@@ -85,7 +85,8 @@ def _smjax(*args, prelude=""):
     (["-m", "smjax.main", "--help"], "usage: smjax study --config=FILE:ARG --workdir=DIR"),
     (["-m", "smjax", "prepare", "--help"], "usage: smjax prepare "),
     (["-m", "smjax", "convert", "--help"], "usage: smjax convert "),
-    (["-m", "smjax", "lend", "--help"], "usage: smjax lend ")])
+    (["-m", "smjax", "lend", "--help"], "usage: smjax lend "),
+    (["-m", "smjax", "status", "--help"], "usage: smjax status ")])
 def test_help_prints_the_usage_and_exits_0(cmd, says):
   """`--help` where the usage text sends the user: `smjax study --help`, `python -m smjax`."""
   p = subprocess.run([sys.executable, *cmd], cwd=ROOT, env=ENV, capture_output=True, text=True,
@@ -344,3 +345,67 @@ def test_read_only_workdir_is_one_line(tmp_path):
     _one_error_line(p, "read-only file system: ", f"{tmp_path / wd}/m/{wd}",
                     "give a writable --workdir")
     assert "Traceback" not in p.stderr
+
+
+def test_status_says_where_each_seeds_phases_stand(tmp_path):
+  """`smjax status` on a hand-built workdir: a finished SFT phase, a finished RL phase at its cap
+  and one stopped by its rule (lent by another workdir), one mid-run and written long ago
+  (stopped, resuming from its checkpoint), one just started; a map lists each cell; what is not
+  a workdir is a one-line error."""
+  import json  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  from smjax.study.status import status  # pylint: disable=import-outside-toplevel
+  now = time.time()
+
+  def phase(root, name, result=None, steps=(), ckpt=(), age=0.0):
+    d = root / name
+    (d / "logs").mkdir(parents=True)
+    if result is not None:
+      (d / "result.json").write_text(json.dumps(result))
+    if steps:
+      m = d / "logs" / "metrics.jsonl"
+      m.write_text("".join(json.dumps({"step": k, "heldout/math": .5}) + "\n" for k in steps))
+      os.utime(m, (now - age, now - age))
+    for k in ckpt:
+      (d / "checkpoints" / "checkpoints" / str(k)).mkdir(parents=True)
+    return d
+
+  cell = tmp_path / "map" / "cell"
+  seed = cell / "seed_0"
+  seed.mkdir(parents=True)
+  (cell / "config.json").write_text(json.dumps({
+      "name": "regimes/cell", "base": {"steps": 900}, "joint": {"steps": 800},
+      "experts": {"steps": 800}, "mopd": {"steps": 400}}))
+  point = lambda step, mean: {"step": step, "flops": 1.0, "mean": mean}  # noqa: E731
+  phase(seed, "base", {"curve": [point(900, .31)], "ledger": {"flops": {"base/sft": 5e12}},
+                       "extra": {}})
+  phase(seed, "joint_grpo", {"curve": [point(800, .979)], "extra": {"reached": False},
+                             "ledger": {"flops": {"train/policy": 5e12, "rollout/decode": 4.6e11,
+                                                  "eval/heldout": 9e12}}})
+  other = phase(tmp_path / "study" / "seed_0", "mopd@0.9", {
+      "curve": [point(108, .95)], "extra": {"reached": True}, "ledger": {"flops": {}}})
+  os.symlink(other, seed / "mopd@0.9")
+  phase(seed, "expert_math", steps=(0, 5, 57), ckpt=(36, 42), age=3600)
+  phase(seed, "expert_code")
+  lines = status(str(cell), now)
+  assert lines[0] == f"{cell} (regimes/cell): seeds 0" and lines[1].startswith(
+      "seed_0: 3 of 5 started phases done"), lines
+  by = {ln.split()[1]: ln for ln in lines[2:]}
+  assert by["base"].split() == ["done", "base", "step", "900/900,", "no", "training", "FLOPs",
+                                "charged,", "held-out", "31.0%"], by["base"]
+  assert ("step 800/800 (at its cap), 5.46e+12 training FLOPs, held-out 97.9%"
+          in by["joint_grpo"]), by["joint_grpo"]   # eval/* is not training
+  assert "step 108/400 (stopped by its rule)" in by["mopd@0.9"]
+  assert by["mopd@0.9"].endswith(f"(lent by {(tmp_path / 'study').resolve()})"), by["mopd@0.9"]
+  assert by["expert_math"].split()[0] == "stopped" and (
+      "step 57/800, wrote 60 min ago, resumes from step 42" in by["expert_math"])
+  assert by["expert_code"].split()[0] == "started" and "nothing written yet" in by["expert_code"]
+  # Written a moment ago: running.
+  os.utime(seed / "expert_math" / "logs" / "metrics.jsonl", (now - 5, now - 5))
+  assert any(ln.split()[:2] == ["running", "expert_math"] for ln in status(str(cell), now))
+  # The map: each cell (a directory holding a config.json), through the console script.
+  p = _smjax("status", str(tmp_path / "map"))
+  assert p.returncode == 0 and p.stdout.startswith(f"{cell} (regimes/cell)"), p.stderr
+  for bad, says in ((tmp_path / "nowhere", "no such workdir"), (tmp_path, "neither a study's")):
+    p = _smjax("status", str(bad))
+    assert p.returncode != 0 and p.stderr.count("\n") == 1 and says in p.stderr, p.stderr

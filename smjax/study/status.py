@@ -1,0 +1,165 @@
+"""`smjax status WORKDIR`: where a study, or each cell of a regime map, stands, read from its
+workdir alone (nothing is computed, compiled or written, so it is safe beside a running study).
+
+  smjax status runs/two_full          # a study: each seed's phases
+  smjax status runs/regimes           # a map: each cell's (a directory with a config.json)
+
+For each seed, every phase that has started: `done` (the step it ended at and of how many; for
+an RL phase how: stopped by its rule, collapsed, or at its cap; its training FLOPs; its final
+mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
+how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
+written nothing for STALE_S). A phase lent by another workdir (`smjax lend`, a regime cell's `share`)
+says from where. Phases not started are not listed: which run depends on the earlier ones (the
+experts' bars, the MOPD checkpoint sets), so only the study itself can say.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from smjax.checkpoint_meta import read_json
+
+# A phase whose metrics file is older than this is reported as stopped, not running.
+STALE_S = 600
+# Each phase's step cap: (config section, field), by its name before any "@" (smjax.study.run).
+_CAPS = {"base": ("base", "steps"), "base_strong": ("base", "steps"),
+         "joint_grpo": ("joint", "steps"), "joint_grpo_strong": ("joint", "steps"),
+         "mopd": ("mopd", "steps"), "external_opd": ("external", "steps"),
+         "control_opd": ("external", "steps"),
+         "external_teacher": ("external", "teacher_sft_steps"),
+         "control_teacher": ("external", "teacher_sft_steps"),
+         "degrade": ("self_teacher", "degrade_steps"),
+         "recover_self": ("self_teacher", "recover_steps"),
+         "recover_external": ("self_teacher", "recover_steps"),
+         "recover_grpo": ("self_teacher", "recover_steps")}
+
+
+def _cap(config: dict, phase: str) -> int | None:
+  name = phase.partition("@")[0]
+  section, field = ("experts", "steps") if name.startswith("expert_") else _CAPS.get(name, ("", ""))
+  value = (config.get(section) or {}).get(field)
+  return int(value) if isinstance(value, (int, float)) else None
+
+
+def _ago(seconds: float) -> str:
+  if seconds < 120:
+    return f"{seconds:.0f} s ago"
+  if seconds < 7200:
+    return f"{seconds / 60:.0f} min ago"
+  return f"{seconds / 3600:.1f} h ago"
+
+
+def _last_step(metrics: str) -> int | None:
+  """The step of the last record of a metrics.jsonl (None when it has none yet)."""
+  try:
+    with open(metrics, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 65536))
+      lines = f.read().decode("utf-8", "replace").splitlines()
+  except OSError:
+    return None
+  for line in reversed(lines):
+    try:
+      return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+      continue
+  return None
+
+
+def _checkpoint_step(phase_dir: str) -> int | None:
+  root = os.path.join(phase_dir, "checkpoints", "checkpoints")
+  steps = [int(d) for d in os.listdir(root) if d.isdigit()] if os.path.isdir(root) else []
+  return max(steps) if steps else None
+
+
+def phase_line(seed_dir: str, phase: str, config: dict, now: float) -> str:
+  """One phase's line (module docstring)."""
+  d = os.path.join(seed_dir, phase)
+  cap = _cap(config, phase)
+  of = f"/{cap}" if cap else ""
+  lent = (f"  (lent by {os.path.dirname(os.path.dirname(os.path.realpath(d)))})"
+          if os.path.islink(d) else "")
+  result = os.path.join(d, "result.json")
+  if os.path.exists(result):
+    res = read_json(result, f"delete {d} to rerun phase {phase!r}", keys=("curve",))
+    last = res["curve"][-1] if res["curve"] else {}
+    extra = res.get("extra") or {}
+    step = last.get("step")
+    # An RL phase says how it ended (its extra has "reached"); an SFT phase runs all its steps.
+    how = ("" if "reached" not in extra else "collapsed" if extra.get("collapsed") else
+           "stopped by its rule" if extra["reached"] or extra.get("stop_point") else
+           "at its cap" if cap and step == cap else "")
+    flops = sum(v for p, v in ((res.get("ledger") or {}).get("flops") or {}).items()
+                if p.split("/")[0] in ("rollout", "train"))
+    acc = last.get("mean")
+    parts = [f"step {step}{of}" + (f" ({how})" if how else ""),
+             f"{flops:.3g} training FLOPs" if flops else "no training FLOPs charged",
+             f"held-out {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""]
+    return f"  done     {phase:<22} " + ", ".join(p for p in parts if p) + lent
+  metrics = os.path.join(d, "logs", "metrics.jsonl")
+  step, ckpt = _last_step(metrics), _checkpoint_step(d)
+  if step is None and ckpt is None:
+    return f"  started  {phase:<22} nothing written yet" + lent
+  age = now - os.path.getmtime(metrics) if os.path.exists(metrics) else float("inf")
+  state = "running" if age < STALE_S else "stopped"
+  parts = [f"step {step if step is not None else ckpt}{of}",
+           f"wrote {_ago(age)}" if age != float("inf") else "",
+           f"resumes from step {ckpt}" if ckpt is not None else "resumes from its start"]
+  return f"  {state:<8} {phase:<22} " + ", ".join(p for p in parts if p) + lent
+
+
+def study_status(workdir: str, now: float | None = None) -> list[str]:
+  """The lines for one study workdir (its config.json and seed_<k> directories)."""
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.study.store import seed_dirs
+  now = time.time() if now is None else now
+  config = read_json(os.path.join(workdir, "config.json"), "is it a study's --workdir?")
+  seeds = seed_dirs(workdir)
+  out = [f"{workdir} ({config.get('name', 'study')}): "
+         + (f"seeds {', '.join(s.removeprefix('seed_') for s in seeds)}" if seeds
+            else "no seed has started")]
+  for s in seeds:
+    seed_dir = os.path.join(workdir, s)
+    phases = sorted((p for p in os.listdir(seed_dir) if os.path.isdir(os.path.join(seed_dir, p))),
+                    key=lambda p: os.path.getmtime(os.path.join(seed_dir, p)))
+    lines = [phase_line(seed_dir, p, config, now) for p in phases]
+    done = sum(ln.startswith("  done") for ln in lines)
+    out += [f"{s}: {done} of {len(lines)} started phases done"] + lines
+  return out
+
+
+def status(workdir: str, now: float | None = None) -> list[str]:
+  """A study's lines, or for a map (a directory of cells, each with a config.json) each cell's;
+  FileNotFoundError / ValueError naming the workdir when it is neither."""
+  if not os.path.isdir(workdir):
+    raise FileNotFoundError(f"{workdir}: no such workdir")
+  if os.path.exists(os.path.join(workdir, "config.json")):
+    return study_status(workdir, now)
+  cells = sorted(c for c in os.listdir(workdir)
+                 if os.path.exists(os.path.join(workdir, c, "config.json")))
+  if not cells:
+    raise ValueError(f"{workdir}: neither a study's workdir (no config.json) nor a map's (no "
+                     "directory in it has one)")
+  out = []
+  for c in cells:
+    out += study_status(os.path.join(workdir, c), now) + [""]
+  return out[:-1]
+
+
+def main(argv=None) -> int:
+  """`smjax status WORKDIR`."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  ap = argparse.ArgumentParser(
+      prog="smjax status", description="Where a study (or each cell of a regime map) stands: "
+      "each seed's started phases, done or how far along, read from the workdir alone.")
+  ap.add_argument("workdir", help="a study's --workdir, or a regime map's folder")
+  a = ap.parse_args(argv)
+  print("\n".join(status(a.workdir)))   # errors: one line from `smjax` (main._subcommand)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
