@@ -403,6 +403,14 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   # Written a moment ago: running.
   os.utime(seed / "expert_math" / "logs" / "metrics.jsonl", (now - 5, now - 5))
   assert any(ln.split()[:2] == ["running", "expert_math"] for ln in status(str(cell), now))
+  # A seed whose process failed: its log's last line, the one-line error.
+  (cell / "seed_0.log").write_text("phase base: done\nsmjax: error: seed_0/base/result.json: "
+                                   "not valid JSON\n")
+  assert status(str(cell), now)[-1] == (
+      f"  its log ({cell / 'seed_0.log'}) ends with an error: smjax: error: "
+      "seed_0/base/result.json: not valid JSON")
+  (cell / "seed_0.log").write_text("phase base: done\njoint_grpo step 5/800\n")
+  assert "ends with an error" not in status(str(cell), now)[-1]
   # The map: each cell (a directory holding a config.json), through the console script.
   p = _smjax("status", str(tmp_path / "map"))
   assert p.returncode == 0 and p.stdout.startswith(f"{cell} (regimes/cell)"), p.stderr

@@ -9,7 +9,8 @@ an RL phase how: stopped by its rule, collapsed, or at its cap; its training FLO
 mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
 written nothing for STALE_S). A phase lent by another workdir (`smjax lend`, a regime cell's `share`)
-says from where. Phases not started are not listed: which run depends on the earlier ones (the
+says from where; a seed whose log (`make study`'s seed_<k>.log) ends with an error shows it.
+Phases not started are not listed: which run depends on the earlier ones (the
 experts' bars, the MOPD checkpoint sets), so only the study itself can say.
 """
 
@@ -127,8 +128,26 @@ def study_status(workdir: str, now: float | None = None) -> list[str]:
                     key=lambda p: os.path.getmtime(os.path.join(seed_dir, p)))
     lines = [phase_line(seed_dir, p, config, now) for p in phases]
     done = sum(ln.startswith("  done") for ln in lines)
-    out += [f"{s}: {done} of {len(lines)} started phases done"] + lines
+    out += [f"{s}: {done} of {len(lines)} started phases done"] + lines + _failure(workdir, s)
   return out
+
+
+def _failure(workdir: str, seed: str) -> list[str]:
+  """The error a seed's process ended with, where its log (`make study`'s <seed>.log beside the
+  seed's directory) ends with one: a one-line error, or a traceback's last line."""
+  log = os.path.join(workdir, f"{seed}.log")
+  try:
+    with open(log, "rb") as f:
+      f.seek(0, os.SEEK_END)
+      f.seek(max(0, f.tell() - 8192))
+      tail = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+  except OSError:
+    return []
+  last = tail[-1] if tail else ""
+  traceback = any(ln.startswith("Traceback (most recent call last)") for ln in tail)
+  if last.startswith("smjax: error:") or (traceback and not last.startswith(" ")):
+    return [f"  its log ({log}) ends with an error: {last}"]
+  return []
 
 
 def status(workdir: str, now: float | None = None) -> list[str]:
