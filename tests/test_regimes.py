@@ -33,7 +33,8 @@ def test_every_cell_is_a_valid_study_of_its_condition(name, tiny):
   study_config.validate(c)
   cell = regimes.cell(name)
   teachers = name in ("shared_even", "interfering_even") and not tiny
-  assert c.phases == ("base", "joint", "experts", "mopd") + (("external",) if teachers else ())
+  assert c.phases == ("base", "joint", "experts", "mopd") + (("external",) if teachers else ()) + (
+      ("joint_strong",) if name == "strong_to_weak" and not tiny else ())
   assert c.eval.greedy == (name in ("shared_even", "strong_to_weak") and not tiny)
   assert c.experts.prompts_per_step == 0   # experts at the per-domain batch in every cell
   skills = {"shared": {"math", "code"}, "disjoint": {"math", "strings"},

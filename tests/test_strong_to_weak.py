@@ -65,6 +65,8 @@ STRONG = [
     "--config.opd.pack_completions=False", "--config.run_on.evals=0",
     "--config.run_on.flops_fraction=0.0", "--config.mopd.plateau_evals=1",
     "--config.checkpoint_every=0", "--config.band.check=False", "--config.report.bootstrap=20",
+    # The demo's phases are the main comparison's; joint GRPO on the bigger model is its own.
+    "--config.phases=('base','joint','experts','mopd','joint_strong')",
 ]
 
 
@@ -326,6 +328,15 @@ def test_a_rerun_reuses_every_phase(study, cache):
   assert set(again["arms"]) == set(report["arms"])
   for arm, a in report["arms"].items():
     assert again["arms"][arm]["accuracy_mean"]["mean"] == a["accuracy_mean"]["mean"], arm
+  # Without the phase joint_strong (run-neutral: it chooses phases), joint GRPO on the bigger
+  # model is left out, and every other phase is reused as it was.
+  main = [a for a in STRONG if not a.startswith("--config.phases")]
+  r = _main(main + ["--config.phases=('base','joint','experts','mopd')"], wd, cache)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "joint_grpo_strong" not in r.stdout and {p: mtime(p) for p in phases} == before
+  arms = json.load(open(os.path.join(seed, "arms.json")))["arms"]
+  assert "joint_grpo_strong" not in {a["arm"] for a in arms} and "base_strong" in {
+      a["arm"] for a in arms}
 
 
 def test_export_the_new_arms(study, tmp_path):

@@ -17,7 +17,7 @@ import json
 
 import ml_collections as mlc
 
-PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher")
+PHASES = ("base", "joint", "experts", "mopd", "external", "self_teacher", "joint_strong")
 # Fields that do not change what a run computes: a resumed run may differ in these.
 # `seeds` and `phases` (and `external.control`, whether the control arm runs) choose which phases
 # run, not what a phase computes: seeds of one study may run as separate processes into one
@@ -181,9 +181,10 @@ def study_defaults() -> mlc.ConfigDict:
   # overridden by model.max_seq_len when set). A second base, `base_strong`, is SFT'd on that
   # preset exactly as the base is (config.base, the same mixture; charged to no arm), the experts
   # grow from it (their bars read from its stop-set accuracy), MOPD distils them into the
-  # student, and with joint GRPO in the study, joint GRPO on it (`joint_grpo_strong`, joint.steps
-  # at rl's batch) is reported beside joint_grpo, which stays the reference. "": the experts are
-  # the student's model.
+  # student, and with the phase `joint_strong` (in the default's every phase), joint GRPO on it
+  # (`joint_grpo_strong`, joint.steps at rl's batch) is reported beside joint_grpo, which stays
+  # the reference: a second reference, and at the bigger size a study's longest phase, so a run
+  # may leave it for later (phases are run-neutral). "": the experts are the student's model.
   c.joint = mlc.ConfigDict(dict(steps=1200, eval_refine=4))
   c.experts = mlc.ConfigDict(dict(steps=600, prompts_per_step=0, bars=(0.75, 0.9, 0.95, 1.0),
                                   eval_refine=4, preset=""))
@@ -462,10 +463,11 @@ def experts_model_cfg(c: mlc.ConfigDict):
 
 
 def strong_to_weak(c: mlc.ConfigDict) -> bool:
-  """Whether a study runs the experts' bigger model: experts.preset is set and the experts or
-  MOPD are among its phases (then base_strong runs too, and joint_grpo_strong with joint GRPO).
-  The phases are read first: a study without experts never reads experts.preset."""
-  return bool({"experts", "mopd"} & set(c.phases)) and bool(c.experts.get("preset", ""))
+  """Whether a study runs the experts' bigger model: experts.preset is set and the experts, MOPD
+  or joint_strong (joint GRPO on that model) are among its phases (then base_strong runs too).
+  The phases are read first: a study without them never reads experts.preset."""
+  return (bool({"experts", "mopd", "joint_strong"} & set(c.phases))
+          and bool(c.experts.get("preset", "")))
 
 
 def external_max_new_tokens(c: mlc.ConfigDict) -> int:

@@ -145,7 +145,7 @@ CELLS = (
          # two-domain study's do, so that study's workdir lends them (`share`): the reference is
          # shared_even's own runs, and the two cells differ in their experts alone.
          {"domains": ("math", "code"), "experts.preset": "toy-small", "eval.greedy": True,
-          **LATER},
+          "phases": MAIN + ("joint_strong",), **LATER},
          extra="strong-to-weak", same_as="configs/study.py:two_domain,full",
          shares=("base", "joint_grpo")),
     Cell("sparse", "shared", "even",

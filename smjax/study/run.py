@@ -281,7 +281,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                 f"{d} {m['at']} (step {m['step']}"
                 + (", collapsed" if experts[d].extra.get("collapsed") else "") + ")"
                 for d, m in members.items())))
-  if grown is not shared and "joint" in phases:
+  if grown is not shared and "joint_strong" in phases:
     # Joint GRPO on the bigger model: a second reference beside the frontier, not a route of it,
     # so it runs after the routes (its whole budget at the bigger size is the cell's longest
     # phase; nothing else reads it, and each phase's streams are its own, so order is neutral).
