@@ -154,6 +154,22 @@ def test_the_report_command_reads_and_writes_the_bucket(study):
   _no_url_dirs(tmp)
 
 
+def test_the_status_command_reads_the_bucket(study):
+  """`smjax status gs://...`: each seed's phases, read from the bucket alone (a bucket keeps no
+  times for its prefixes, so the phases are listed by name)."""
+  tmp, _ = study
+  code = ("import sys; sys.path.insert(0, sys.argv[1]); import os, fake_gcs; fake_gcs.install(); "
+          "fake_gcs.load(os.environ['FAKE_GCS_STATE']); from smjax.study import status; "
+          "sys.exit(status.main(sys.argv[2:]))")
+  r = _run(tmp, ["-c", code, os.path.join(ROOT, "tests"), BUCKET])
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  lines = r.stdout.splitlines()
+  assert lines[0].startswith(f"{BUCKET} (") and lines[1] == "seed_0: 2 of 2 started phases done"
+  assert [ln.split()[:2] for ln in lines[2:]] == [["done", "base"], ["done", "joint_grpo"]], lines
+  assert os.listdir(tmp / "cwd") == []
+  _no_url_dirs(tmp)
+
+
 @pytest.mark.parametrize("workdir,needle", [
     ("s3://some-bucket/run", "workdir s3://some-bucket/run: s3:// is not supported"),
     ("foo://x/run", "workdir foo://x/run: foo:// is not supported"),

@@ -3,12 +3,13 @@ workdir alone (nothing is computed, compiled or written, so it is safe beside a 
 
   smjax status runs/two_full          # a study: each seed's phases
   smjax status runs/regimes           # a map: each cell's (a directory with a config.json)
+  smjax status gs://BUCKET/run        # a workdir in a bucket (smjax.paths), e.g. a pod's
 
 For each seed, every phase that has started: `done` (the step it ended at and of how many; for
 an RL phase how: stopped by its rule, collapsed, or at its cap; its training FLOPs; its final
 mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
-written nothing for STALE_S). A phase lent by another workdir (`smjax lend`, a regime cell's `share`)
+written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent by another workdir (`smjax lend`, a regime cell's `share`)
 says from where; a seed whose log (`make study`'s seed_<k>.log) ends with an error shows it.
 Phases not started are not listed: which run depends on the earlier ones (the
 experts' bars, the MOPD checkpoint sets), so only the study itself can say.
@@ -21,6 +22,9 @@ import os
 import sys
 import time
 
+from etils import epath
+
+from smjax import paths
 from smjax.checkpoint_meta import read_json
 
 # A phase whose metrics file is older than this is reported as stopped, not running.
@@ -53,16 +57,37 @@ def _ago(seconds: float) -> str:
   return f"{seconds / 3600:.1f} h ago"
 
 
+def _tail(path: str, size: int) -> list[str]:
+  """The last lines of a text file (its last `size` bytes locally); [] when it is absent."""
+  try:
+    if paths.is_url(path):
+      data = paths.read_bytes(path)[-size:]
+    else:
+      with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - size))
+        data = f.read()
+  except (OSError, FileNotFoundError):
+    return []
+  return data.decode("utf-8", "replace").splitlines()
+
+
+def _mtime(path: str) -> float | None:
+  """When the file was last written; None where the file system does not say (or it is absent)."""
+  try:
+    return float(epath.Path(path).stat().mtime) or None
+  except (OSError, FileNotFoundError):
+    return None
+
+
+def _dirs(path: str) -> list[str]:
+  """The names of the directories in `path` (prefixes, in a bucket)."""
+  return [n for n in paths.listdir(path) if epath.Path(paths.join(path, n)).is_dir()]
+
+
 def _last_step(metrics: str) -> int | None:
   """The step of the last record of a metrics.jsonl (None when it has none yet)."""
-  try:
-    with open(metrics, "rb") as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 65536))
-      lines = f.read().decode("utf-8", "replace").splitlines()
-  except OSError:
-    return None
-  for line in reversed(lines):
+  for line in reversed(_tail(metrics, 65536)):
     try:
       return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
@@ -71,20 +96,20 @@ def _last_step(metrics: str) -> int | None:
 
 
 def _checkpoint_step(phase_dir: str) -> int | None:
-  root = os.path.join(phase_dir, "checkpoints", "checkpoints")
-  steps = [int(d) for d in os.listdir(root) if d.isdigit()] if os.path.isdir(root) else []
+  root = paths.join(phase_dir, "checkpoints", "checkpoints")
+  steps = [int(d) for d in paths.listdir(root) if d.isdigit()] if paths.exists(root) else []
   return max(steps) if steps else None
 
 
 def phase_line(seed_dir: str, phase: str, config: dict, now: float) -> str:
   """One phase's line (module docstring)."""
-  d = os.path.join(seed_dir, phase)
+  d = paths.join(seed_dir, phase)
   cap = _cap(config, phase)
   of = f"/{cap}" if cap else ""
   lent = (f"  (lent by {os.path.dirname(os.path.dirname(os.path.realpath(d)))})"
-          if os.path.islink(d) else "")
-  result = os.path.join(d, "result.json")
-  if os.path.exists(result):
+          if not paths.is_url(d) and os.path.islink(d) else "")
+  result = paths.join(d, "result.json")
+  if paths.exists(result):
     res = read_json(result, f"delete {d} to rerun phase {phase!r}", keys=("curve",))
     last = res["curve"][-1] if res["curve"] else {}
     extra = res.get("extra") or {}
@@ -99,33 +124,32 @@ def phase_line(seed_dir: str, phase: str, config: dict, now: float) -> str:
     parts = [f"step {step}{of}" + (f" ({how})" if how else ""),
              f"{flops:.3g} training FLOPs" if flops else "no training FLOPs charged",
              f"held-out {100 * acc:.1f}%" if isinstance(acc, (int, float)) else ""]
-    return f"  done     {phase:<22} " + ", ".join(p for p in parts if p) + lent
-  metrics = os.path.join(d, "logs", "metrics.jsonl")
+    return f"  {'done':<10} {phase:<22} " + ", ".join(p for p in parts if p) + lent
+  metrics = paths.join(d, "logs", "metrics.jsonl")
   step, ckpt = _last_step(metrics), _checkpoint_step(d)
   if step is None and ckpt is None:
-    return f"  started  {phase:<22} nothing written yet" + lent
-  age = now - os.path.getmtime(metrics) if os.path.exists(metrics) else float("inf")
-  state = "running" if age < STALE_S else "stopped"
+    return f"  {'started':<10} {phase:<22} nothing written yet" + lent
+  written = _mtime(metrics)
+  age = None if written is None else now - written
+  state = "unfinished" if age is None else "running" if age < STALE_S else "stopped"
   parts = [f"step {step if step is not None else ckpt}{of}",
-           f"wrote {_ago(age)}" if age != float("inf") else "",
+           "" if age is None else f"wrote {_ago(age)}",
            f"resumes from step {ckpt}" if ckpt is not None else "resumes from its start"]
-  return f"  {state:<8} {phase:<22} " + ", ".join(p for p in parts if p) + lent
+  return f"  {state:<10} {phase:<22} " + ", ".join(p for p in parts if p) + lent
 
 
 def study_status(workdir: str, now: float | None = None) -> list[str]:
   """The lines for one study workdir (its config.json and seed_<k> directories)."""
-  # pylint: disable-next=import-outside-toplevel
-  from smjax.study.store import seed_dirs
   now = time.time() if now is None else now
-  config = read_json(os.path.join(workdir, "config.json"), "is it a study's --workdir?")
-  seeds = seed_dirs(workdir)
+  config = read_json(paths.join(workdir, "config.json"), "is it a study's --workdir?")
+  seeds = sorted((d for d in _dirs(workdir) if d.startswith("seed_")), key=lambda d: (len(d), d))
   out = [f"{workdir} ({config.get('name', 'study')}): "
          + (f"seeds {', '.join(s.removeprefix('seed_') for s in seeds)}" if seeds
             else "no seed has started")]
   for s in seeds:
-    seed_dir = os.path.join(workdir, s)
-    phases = sorted((p for p in os.listdir(seed_dir) if os.path.isdir(os.path.join(seed_dir, p))),
-                    key=lambda p: os.path.getmtime(os.path.join(seed_dir, p)))
+    seed_dir = paths.join(workdir, s)
+    # In the order they started, where the file system keeps times (a bucket: by name).
+    phases = sorted(_dirs(seed_dir), key=lambda p: (_mtime(paths.join(seed_dir, p)) or 0, p))
     lines = [phase_line(seed_dir, p, config, now) for p in phases]
     done = sum(ln.startswith("  done") for ln in lines)
     out += [f"{s}: {done} of {len(lines)} started phases done"] + lines + _failure(workdir, s)
@@ -135,14 +159,8 @@ def study_status(workdir: str, now: float | None = None) -> list[str]:
 def _failure(workdir: str, seed: str) -> list[str]:
   """The error a seed's process ended with, where its log (`make study`'s <seed>.log beside the
   seed's directory) ends with one: a one-line error, or a traceback's last line."""
-  log = os.path.join(workdir, f"{seed}.log")
-  try:
-    with open(log, "rb") as f:
-      f.seek(0, os.SEEK_END)
-      f.seek(max(0, f.tell() - 8192))
-      tail = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-  except OSError:
-    return []
+  log = paths.join(workdir, f"{seed}.log")
+  tail = [ln for ln in _tail(log, 8192) if ln.strip()]
   last = tail[-1] if tail else ""
   traceback = any(ln.startswith("Traceback (most recent call last)") for ln in tail)
   if last.startswith("smjax: error:") or (traceback and not last.startswith(" ")):
@@ -153,18 +171,18 @@ def _failure(workdir: str, seed: str) -> list[str]:
 def status(workdir: str, now: float | None = None) -> list[str]:
   """A study's lines, or for a map (a directory of cells, each with a config.json) each cell's;
   FileNotFoundError / ValueError naming the workdir when it is neither."""
-  if not os.path.isdir(workdir):
+  paths.check_workdir(workdir, checkpoints=False)
+  if not paths.exists(workdir):
     raise FileNotFoundError(f"{workdir}: no such workdir")
-  if os.path.exists(os.path.join(workdir, "config.json")):
+  if paths.exists(paths.join(workdir, "config.json")):
     return study_status(workdir, now)
-  cells = sorted(c for c in os.listdir(workdir)
-                 if os.path.exists(os.path.join(workdir, c, "config.json")))
+  cells = [c for c in _dirs(workdir) if paths.exists(paths.join(workdir, c, "config.json"))]
   if not cells:
     raise ValueError(f"{workdir}: neither a study's workdir (no config.json) nor a map's (no "
                      "directory in it has one)")
   out = []
   for c in cells:
-    out += study_status(os.path.join(workdir, c), now) + [""]
+    out += study_status(paths.join(workdir, c), now) + [""]
   return out[:-1]
 
 
