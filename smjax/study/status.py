@@ -9,10 +9,11 @@ For each seed, every phase that has started: `done` (the step it ended at and of
 an RL phase how: stopped by its rule, collapsed, or at its cap; its training FLOPs; its final
 mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
-written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent by another workdir (`smjax lend`, a regime cell's `share`)
-says from where; a seed whose log (`make study`'s seed_<k>.log) ends with an error shows it.
-Phases not started are not listed: which run depends on the earlier ones (the
-experts' bars, the MOPD checkpoint sets), so only the study itself can say.
+written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent
+by another workdir (`smjax lend`, a regime cell's `share`) says from where; a seed whose log
+(`make study`'s seed_<k>.log) ends with an error shows it. Phases not started are not listed:
+which run depends on the earlier ones (the experts' bars, the MOPD checkpoint sets), so only
+the study itself can say.
 """
 
 from __future__ import annotations
