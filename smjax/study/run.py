@@ -13,8 +13,8 @@ Every arm starts from the same SFT base model (its FLOPs are reported apart, und
 - strong-to-weak (`experts.preset` names a bigger model than the student): the experts are that
   model, grown from `base_strong` (that model SFT'd as the base is, charged to no arm) with their
   bars read from its stop-set accuracy, and MOPD distils them into the student; beside joint
-  GRPO (still the reference) runs `joint_grpo_strong`, joint GRPO on the bigger model from
-  base_strong, an arm of the report but no route of its frontier;
+  GRPO (still the reference), with the phase `joint_strong`, runs `joint_grpo_strong`, joint
+  GRPO on the bigger model from base_strong, an arm of the report but no route of its frontier;
 - `external_opd`: OPD of the base student from a larger teacher warmed up on verbose solutions
   (an "external post-trained teacher": its own training is not charged to the arm);
 - `self_teacher`: the joint model trained further on one domain (which degrades the other), then

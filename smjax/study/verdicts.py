@@ -351,7 +351,7 @@ def verdicts(report: dict) -> list[str]:
   if len(best) > 1:
     lines.append("(c) best checkpoint (chosen on the stop set, measured on the report set): "
                  + "; ".join(f"{n} {_acc(v, _some_seeds(report, n))}" for n, v in best))
-  for sfx in recovery_suffixes(arms):   # each depth of the degradation (report.recovery_suffix)
+  for sfx in recovery_suffixes(arms):   # each depth of the degradation (recovery_suffix)
     rs, rg = arms.get("recover_self" + sfx, {}), arms.get("recover_grpo" + sfx, {})
     head = "(d) to recover the degraded domain" + (f" (degrade{sfx})" if sfx else "") + ": "
     if "saving_at_target" in rs:
