@@ -61,7 +61,7 @@ study: $(VENV)/.core sandbox-tools malloc-tools
 	  $(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --config.progress=False \
 	    --config.seeds="($$s,)" --workdir=$(STUDY_WORKDIR) > $(STUDY_WORKDIR)/seed_$$s.log 2>&1 & \
 	  pids="$$pids $$!"; echo "seed $$s: pid $$! (log $(STUDY_WORKDIR)/seed_$$s.log)"; \
-	done; fail=0; for p in $$pids; do wait $$p || fail=1; done; \
+	done; echo "where each seed stands: smjax status $(STUDY_WORKDIR)"; fail=0; for p in $$pids; do wait $$p || fail=1; done; \
 	if [ $$fail = 1 ]; then echo "a seed failed: see $(STUDY_WORKDIR)/seed_*.log"; exit 1; fi
 	$(BIN)/python -m smjax.main --config=configs/study.py:$(STUDY) --workdir=$(STUDY_WORKDIR) \
 	  --config.seeds="($(shell echo $(STUDY_SEEDS) | tr ' ' ','),)"
@@ -76,7 +76,8 @@ REGIMES_WORKDIR ?= runs/regimes
 REGIMES_JOBS ?= 2
 REGIMES_CELLS ?= $(shell $(BIN)/python -m smjax.study.regimes cells --names 2>/dev/null)
 regimes: $(VENV)/.core sandbox-tools malloc-tools
-	@mkdir -p $(REGIMES_WORKDIR); printf '%s\n' $(REGIMES_CELLS) | \
+	@mkdir -p $(REGIMES_WORKDIR); echo "where each cell stands: smjax status $(REGIMES_WORKDIR)"; \
+	printf '%s\n' $(REGIMES_CELLS) | \
 	  JAX_COMPILATION_CACHE_DIR=$(abspath $(REGIMES_WORKDIR))/jax_cache \
 	  xargs -P $(REGIMES_JOBS) -I{} sh -c 'echo "cell {} (log $(REGIMES_WORKDIR)/{}.log)"; \
 	    $(BIN)/python -m smjax.main --config=configs/regimes.py:{} --config.progress=False \

@@ -411,9 +411,13 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
       "seed_0/base/result.json: not valid JSON")
   (cell / "seed_0.log").write_text("phase base: done\njoint_grpo step 5/800\n")
   assert "ends with an error" not in status(str(cell), now)[-1]
-  # The map: each cell (a directory holding a config.json), through the console script.
+  # The map: each cell (a directory holding a config.json), through the console script; a cell
+  # whose `make regimes` log (<map>/<cell>.log) ends with an error shows it.
+  (tmp_path / "map" / "cell.log").write_text("smjax: error: seed 1: base outside its band\n")
   p = _smjax("status", str(tmp_path / "map"))
   assert p.returncode == 0 and p.stdout.startswith(f"{cell} (regimes/cell)"), p.stderr
+  assert p.stdout.rstrip().endswith("ends with an error: smjax: error: seed 1: base outside its "
+                                    "band"), p.stdout
   for bad, says in ((tmp_path / "nowhere", "no such workdir"), (tmp_path, "neither a study's")):
     p = _smjax("status", str(bad))
     assert p.returncode != 0 and p.stderr.count("\n") == 1 and says in p.stderr, p.stderr

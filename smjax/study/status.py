@@ -11,9 +11,9 @@ mean held-out accuracy), or `running` / `stopped` (the last step its metrics fil
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
 written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent
 by another workdir (`smjax lend`, a regime cell's `share`) says from where; a seed whose log
-(`make study`'s seed_<k>.log) ends with an error shows it. Phases not started are not listed:
-which run depends on the earlier ones (the experts' bars, the MOPD checkpoint sets), so only
-the study itself can say.
+(`make study`'s seed_<k>.log) or a cell whose log (`make regimes`' <cell>.log) ends with an
+error shows it. Phases not started are not listed: which run depends on the earlier ones (the
+experts' bars, the MOPD checkpoint sets), so only the study itself can say.
 """
 
 from __future__ import annotations
@@ -157,10 +157,11 @@ def study_status(workdir: str, now: float | None = None) -> list[str]:
   return out
 
 
-def _failure(workdir: str, seed: str) -> list[str]:
-  """The error a seed's process ended with, where its log (`make study`'s <seed>.log beside the
-  seed's directory) ends with one: a one-line error, or a traceback's last line."""
-  log = paths.join(workdir, f"{seed}.log")
+def _failure(workdir: str, name: str) -> list[str]:
+  """The error a process ended with, where its log ends with one (a one-line error, or a
+  traceback's last line): `make study`'s <seed>.log beside the seed's directory, or `make
+  regimes`' <cell>.log beside the cell's."""
+  log = paths.join(workdir, f"{name}.log")
   tail = [ln for ln in _tail(log, 8192) if ln.strip()]
   last = tail[-1] if tail else ""
   traceback = any(ln.startswith("Traceback (most recent call last)") for ln in tail)
@@ -182,8 +183,8 @@ def status(workdir: str, now: float | None = None) -> list[str]:
     raise ValueError(f"{workdir}: neither a study's workdir (no config.json) nor a map's (no "
                      "directory in it has one)")
   out = []
-  for c in cells:
-    out += study_status(paths.join(workdir, c), now) + [""]
+  for c in cells:   # `make regimes` logs each cell to <map>/<cell>.log
+    out += study_status(paths.join(workdir, c), now) + _failure(workdir, c) + [""]
   return out[:-1]
 
 
