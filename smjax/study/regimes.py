@@ -429,7 +429,9 @@ def plot_map(data: dict, path) -> None:
   (a censored seed as a triangle pointing where its true value lies), the level read as a share
   of joint GRPO's gain and, just below it, of the better route's; each cell labelled with its
   reading by the map's rule (verdicts.cell_reading), and under MOPD's other flat rule where
-  that differs; 0 (the routes cost the same) and the paper's 42 % marked. `path`: a file name or a binary file object (PNG)."""
+  that differs; 0 (the routes cost the same) and the paper's 42 % marked. Where a value lies
+  beyond -200 %, the axis is linear within ±100 % and logarithmic beyond, so that one very dear
+  cell does not squash the others. `path`: a file name or a binary file object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -437,6 +439,7 @@ def plot_map(data: dict, path) -> None:
   fig, ax = plt.subplots(figsize=(8, 0.6 * max(3, len(rows)) + 1.8))
   labels = {"mean": "levels of joint GRPO's gain", "mean_best": "levels of the better route's",
             0: "a seed", 1: "a censored seed: at least", -1: "a censored seed: at most"}
+  drawn: list[float] = []
   for i, r in enumerate(rows):
     for on, dy, c in (("mean", 0.0, "C0"), ("mean_best", -0.25, "C3")):
       if "saving" not in (r.get(on) or {}):
@@ -445,6 +448,7 @@ def plot_map(data: dict, path) -> None:
       m, lo, hi = (stats.number(s.get(k)) for k in ("mean", "lo", "hi"))
       if math.isfinite(lo) and math.isfinite(hi):
         ax.plot([100 * lo, 100 * hi], [i + dy] * 2, color=c, lw=2)
+        drawn += [100 * lo, 100 * hi]
       if math.isfinite(m):
         ax.plot([100 * m], [i + dy], "o", color=c, label=labels.pop(on, None))
       xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
@@ -453,6 +457,7 @@ def plot_map(data: dict, path) -> None:
         at = [x for x, sd in zip(xs, sides) if sd == side and math.isfinite(x)]
         if at:
           ax.plot(at, [i + dy] * len(at), marker, color="C1", ms=5, label=labels.pop(side, None))
+          drawn += at
   ax.axvline(0, color="k", lw=0.8)
   ax.axvline(42, color="C2", ls="--", lw=0.8, label="the paper's 42 %")
   short = {JOINT_AT_BARS: "favours joint GRPO (at the bars)"}   # the others fit as they are
@@ -463,7 +468,12 @@ def plot_map(data: dict, path) -> None:
     return f"{r['cell']}\n{short.get(w, w)}" + (
         "" if other == w else f"\n(other flat rule: {short.get(other, other)})")
   ax.set_yticks(range(len(rows)), [label(r) for r in rows], fontsize=7)
-  ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)")
+  wide = min(drawn, default=0.0) < -200
+  if wide:
+    ax.set_xscale("symlog", linthresh=100)
+    ax.set_xlim(left=1.4 * min(drawn))
+  ax.set_xlabel("split-then-merge's FLOP saving against joint GRPO at the target level (%)"
+                + ("\n(linear within ±100 %, logarithmic beyond)" if wide else ""))
   ax.set_title("The regime map: each cell's mean [interval] and its seeds")
   ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=7)
   fig.tight_layout()
