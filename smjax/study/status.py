@@ -27,6 +27,7 @@ from etils import epath
 
 from smjax import paths
 from smjax.checkpoint_meta import read_json
+from smjax.study.store import seed_dirs
 
 # A phase whose metrics file is older than this is reported as stopped, not running.
 STALE_S = 600
@@ -143,7 +144,7 @@ def study_status(workdir: str, now: float | None = None) -> list[str]:
   """The lines for one study workdir (its config.json and seed_<k> directories)."""
   now = time.time() if now is None else now
   config = read_json(paths.join(workdir, "config.json"), "is it a study's --workdir?")
-  seeds = sorted((d for d in _dirs(workdir) if d.startswith("seed_")), key=lambda d: (len(d), d))
+  seeds = seed_dirs(workdir)
   out = [f"{workdir} ({config.get('name', 'study')}): "
          + (f"seeds {', '.join(s.removeprefix('seed_') for s in seeds)}" if seeds
             else "no seed has started")]

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import ml_collections as mlc
+from etils import epath
 from tqdm.auto import tqdm
 
 from smjax import checkpoint as ckpt_lib
@@ -186,9 +187,9 @@ def _interval_file(workdir: str) -> str:
 
 
 def seed_dirs(workdir: str) -> list[str]:
-  """The seed_<k> directories of a local study workdir, in seed order."""
-  return sorted((d for d in os.listdir(workdir) if d.startswith("seed_")
-                 and os.path.isdir(os.path.join(workdir, d))), key=lambda d: (len(d), d))
+  """The seed_<k> directories of a study workdir (local or a URL, smjax.paths), in seed order."""
+  return sorted((d for d in paths.listdir(workdir) if d.startswith("seed_")
+                 and epath.Path(paths.join(workdir, d)).is_dir()), key=lambda d: (len(d), d))
 
 
 def new_links(pairs: Sequence[tuple[str, str]], fix: str) -> list[tuple[str, str]]:
