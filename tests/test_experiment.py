@@ -611,6 +611,25 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
   assert not any(f in r for r in reads.values() for f in RUN_NEUTRAL_FIELDS)
 
 
+def test_each_phase_declares_its_step_cap_once_and_reads_it():
+  """A phase's cap is one declared field (what the phase runs to and `smjax status` shows "of"),
+  a field of the schema that its result depends on; each workdir directory finds its phase."""
+  from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
+  from smjax.study.config import study_defaults  # pylint: disable=import-outside-toplevel
+  c = study_defaults()
+  as_json = json.loads(c.to_json())
+  for spec in ph.SPECS:
+    section = spec.cap.partition(".")[0]
+    assert spec.cap and any(r in (spec.cap, section) for r in ph.read_fields(spec)), spec.name
+    assert spec.steps(c) == spec.steps(as_json) > 0, spec.name
+  assert c.experts.steps != c.joint.steps   # so that the lookups below tell them apart
+  assert ph.spec_of("expert_math").steps(c) == c.experts.steps
+  assert ph.spec_of("joint_grpo").steps(c) == c.joint.steps
+  assert ph.spec_of("mopd@0.9") is ph.MOPD and ph.spec_of("recover_self@0") is ph.RECOVER_SELF
+  assert ph.spec_of("degrade@0.25").cap == "self_teacher.degrade_steps"
+  assert ph.spec_of("report") is None and ph.spec_of("logs") is None
+
+
 def test_a_field_added_to_the_schema_keeps_earlier_workdirs_comparable():
   """A config saved before model.chat_template existed compares as it ran: a toy study (raw
   prompts = "auto" on the char tokenizer) as the defaults, an HF study as "none"."""

@@ -53,13 +53,21 @@ BAND_SAMPLES = 8
 @dataclasses.dataclass(frozen=True)
 class PhaseSpec:
   """A phase's name (its directory; `expert_` names one per domain), the config sections or
-  fields its result depends on, and the phases whose outputs it starts from."""
+  fields its result depends on, the phases whose outputs it starts from, and the config field
+  that holds its step cap (`cap`, dotted; an SFT phase runs all of them, an RL phase stops at
+  them unless its rule stops it first)."""
   name: str
   reads: tuple[str, ...]
   after: tuple[PhaseSpec, ...] = ()
+  cap: str = ""
 
   def dir(self, suffix: str = "") -> str:
     return self.name + suffix
+
+  def steps(self, config) -> int:
+    """Its step cap in `config` (a ConfigDict, or a workdir's config.json as a dict)."""
+    section, _, field = self.cap.partition(".")
+    return int(config[section][field])
 
 
 def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
@@ -76,10 +84,10 @@ def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------ the base model
 
-BASE = PhaseSpec("base", reads=("base",))
+BASE = PhaseSpec("base", reads=("base",), cap="base.steps")
 # Strong-to-weak (experts.preset set): the experts' bigger model SFT'd exactly as the base is,
 # from a random init of that preset; the experts and joint_grpo_strong start from it.
-BASE_STRONG = PhaseSpec("base_strong", reads=("base", "experts.preset"))
+BASE_STRONG = PhaseSpec("base_strong", reads=("base", "experts.preset"), cap="base.steps")
 
 
 def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
@@ -107,12 +115,12 @@ def phase_base(shared: SeedShared, workdir: str, spec: PhaseSpec = BASE) -> Phas
   experts' record (smjax.study.shared.experts_shared): the same SFT of the experts' bigger
   model."""
   c = shared.config
-  b = c.base
+  b, n = c.base, spec.steps(c)
   chain = c.form == "chain" and any(d in TOY_DOMAINS for d in c.domains)
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=b.learning_rate, warmup_steps=b.warmup_steps,
-                                    total_steps=max(b.schedule_steps or b.steps, 1),
+                                    total_steps=max(b.schedule_steps or n, 1),
                                     schedule="cosine")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(shared.model_cfg), tx),
@@ -120,11 +128,11 @@ def phase_base(shared: SeedShared, workdir: str, spec: PhaseSpec = BASE) -> Phas
     state = shared.new_state(shared.initial_params(), tx)
     ledger = FlopLedger()
     with _writer(c, workdir, spec.name) as writer:
-      if b.steps:
+      if n:
         mix = flaw_mixture(shared.domains, correct_fractions(c)) if chain else None
         state, ledger = _sft(shared, workdir, spec, phase="base/sft", state=state, step=step,
                              stream=shared.prompts(domain_keys(c), b.batch_size, 1, mix),
-                             seq_len=b.seq_len, num_steps=b.steps, writer=writer)
+                             seq_len=b.seq_len, num_steps=n, writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
       # The band reads sampled accuracy and pass@k only: its greedy pass would repeat the one above.
@@ -132,11 +140,11 @@ def phase_base(shared: SeedShared, workdir: str, spec: PhaseSpec = BASE) -> Phas
                                    shared.verify, samples=BAND_SAMPLES, greedy=False,
                                    phase="eval/band")(state.params)
       ledger.add(calls)
-      writer.write(b.steps, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
-      _eval_line(c, spec.name, b.steps, fields, ledger)
+      writer.write(n, {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
+      _eval_line(c, spec.name, n, fields, ledger)
     extra = {"band": {"samples": BAND_SAMPLES, "accuracy": band["accuracy"],
                       "pass_at_k": band["pass_at_k"]}}
-    return PhaseOutput(state.params, ledger, [_point(b.steps, fields)], extra)
+    return PhaseOutput(state.params, ledger, [_point(n, fields)], extra)
   return store.run_phase(workdir, c, spec.name, read_fields(spec), shared.abstract_params(), fn)
 
 
@@ -247,7 +255,7 @@ def opd(shared: SeedShared) -> Algorithm:
 
 
 def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, algo: Algorithm,
-             init_params, domains, steps: int, stream_seed: int, flops_offset: float = 0.0,
+             init_params, domains, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
              eval_refine: int = 1, stop_at=None, prompts_per_step: int | None = None,
              snapshot_at: dict | None = None, max_new_tokens: int | None = None) -> PhaseOutput:
@@ -255,7 +263,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
   FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
   (curve point -> bool, smjax.study.rules) ends it once it has run on past the first evaluation
-  that meets it by config.run_on (run_rl); `steps` is then the cap. `prompts_per_step`: its batch
+  that meets it by config.run_on (run_rl); `spec.cap` is then its cap. `prompts_per_step`: its batch
   (default: config.rl's or config.opd's). `snapshot_at` ({label: rule or None}): the parameters
   are kept (store.snapshot_dir) at the first evaluation that meets each rule. Its output's extra
   says whether it met `stop_at` (`reached`), at which curve point (`stop_point`), and where each
@@ -269,7 +277,7 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     rl = c[algo.section]
     every = store.grid_or_refuse(workdir, c, phase, may_fix=algo.fixes_grid)
     loop = RLLoopConfig(
-        steps=steps, samples_per_prompt=rl.samples_per_prompt, temperature=rl.temperature,
+        steps=spec.steps(c), samples_per_prompt=rl.samples_per_prompt, temperature=rl.temperature,
         eval_every_steps=c.eval.every_steps, eval_every_flops=every / eval_refine,
         eval_growth=float(c.eval.growth),
         log_every=c.log_every, checkpoint_every=c.checkpoint_every,
@@ -331,9 +339,10 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
 _TEACHER_SFT = ("external.teacher_sft_steps", "external.teacher_learning_rate",
                 "external.teacher_seq_len")
 EXTERNAL_TEACHER = PhaseSpec("external_teacher", reads=("external.teacher_preset",) + _TEACHER_SFT,
-                             after=(BASE,))
+                             after=(BASE,), cap="external.teacher_sft_steps")
 # The control teacher: the student's architecture, SFT'd like the external teacher on plain chains.
-CONTROL_TEACHER = PhaseSpec("control_teacher", reads=_TEACHER_SFT, after=(BASE,))
+CONTROL_TEACHER = PhaseSpec("control_teacher", reads=_TEACHER_SFT, after=(BASE,),
+                            cap="external.teacher_sft_steps")
 
 
 def verbose(example):
@@ -366,11 +375,11 @@ def phase_control_teacher(shared: SeedShared, workdir: str) -> PhaseOutput:
 def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transform,
                  init_offset: int, stream_seed: int, extra: dict) -> PhaseOutput:
   c = shared.config
-  e, b = c.external, c.base
+  e, b, n = c.external, c.base, spec.steps(c)
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=e.teacher_learning_rate, warmup_steps=20,
-                                    total_steps=e.teacher_sft_steps, schedule="cosine")
+                                    total_steps=n, schedule="cosine")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(cfg), tx),
                               state_shardings=state_shardings(shared.mesh, tx, cfg))
@@ -380,7 +389,7 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
     with _writer(c, workdir, spec.name) as writer:
       state, ledger = _sft(shared, workdir, spec, phase=f"base/{spec.name}", state=state,
                            step=step, stream=stream, seq_len=e.teacher_seq_len,
-                           num_steps=e.teacher_sft_steps, writer=writer)
+                           num_steps=n, writer=writer)
     # A teacher samples TEACHER_EXTRA_TOKENS past the student's cap, in a context at least that
     # much longer than the student's (RoPE: the context is the cache's size, not a parameter).
     long = shared.model_cfg.max_seq_len + TEACHER_EXTRA_TOKENS
@@ -390,33 +399,37 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
     evaluator = shared.evaluator_for(sampler=sampler, phase=f"eval/{spec.name}")
     fields, calls = evaluator(state.params)
     ledger.add(calls)
-    _eval_line(c, spec.name, e.teacher_sft_steps, fields, ledger)
-    return PhaseOutput(state.params, ledger, [_point(e.teacher_sft_steps, fields)], extra)
+    _eval_line(c, spec.name, n, fields, ledger)
+    return PhaseOutput(state.params, ledger, [_point(n, fields)], extra)
   return store.run_phase(workdir, c, spec.name, read_fields(spec), shared.abstract_params(cfg),
                          fn)
 
 
 # ------------------------------------------------------------------ the RL phases' declarations
 
-JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,))
+JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,), cap="joint.steps")
 # An expert keeps checkpoints at bars of joint GRPO's gain (experts.bars) and stops past the last
 # one, so it starts from joint GRPO's result; every arm with a stop rule runs on past it.
 # With experts.preset set it grows from base_strong instead of the base.
 EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm", "run_on"),
-                   after=(BASE, BASE_STRONG, JOINT))   # expert_<domain>
+                   after=(BASE, BASE_STRONG, JOINT), cap="experts.steps")   # expert_<domain>
 # Strong-to-weak: joint GRPO on the experts' bigger model, from base_strong (an arm beside the
 # reference, joint_grpo, not a route of the frontier).
-JOINT_STRONG = PhaseSpec("joint_grpo_strong", reads=("rl", "joint"), after=(BASE_STRONG,))
-MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,))  # mopd[@<bar>]
+JOINT_STRONG = PhaseSpec("joint_grpo_strong", reads=("rl", "joint"), after=(BASE_STRONG,),
+                        cap="joint.steps")
+MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,),
+                cap="mopd.steps")  # mopd[@<bar>]
 _EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "run_on",
                  "report.target_fraction", "report.reference_arm")
-EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,))
-CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,))
+EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,),
+                        cap="external.steps")
+CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,),
+                       cap="external.steps")
 # Claim (d): the joint model trained further on one domain, then that domain's loss recovered.
 DEGRADE = PhaseSpec("degrade", reads=(
     "self_teacher.degrade", "self_teacher.degrade_domain", "self_teacher.degrade_steps",
     "self_teacher.degrade_learning_rate", "self_teacher.degrade_correct_fraction",
-    "self_teacher.recover_domain"), after=(JOINT,))
+    "self_teacher.recover_domain"), after=(JOINT,), cap="self_teacher.degrade_steps")
 
 
 def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
@@ -431,12 +444,12 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
   `degrade@<fraction>`, its shared.config carrying that fraction: smjax.study.run)."""
   c = shared.config
   spec = dataclasses.replace(DEGRADE, name=name)
-  st, b = c.self_teacher, c.base
+  st, b, n = c.self_teacher, c.base, spec.steps(c)
   rec = st.recover_domain
 
   def fn():
     opt = state_lib.OptimizerConfig(learning_rate=float(st.degrade_learning_rate),
-                                    warmup_steps=0, total_steps=max(int(st.degrade_steps), 1),
+                                    warmup_steps=0, total_steps=max(n, 1),
                                     schedule="constant")
     tx = state_lib.make_optimizer(opt)
     step = steps_lib.jit_step(steps_lib.make_sft_step(Transformer(shared.model_cfg), tx),
@@ -447,20 +460,34 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
     with _writer(c, workdir, name) as writer:
       state, ledger = _sft(shared, workdir, spec, phase="base/degrade", state=state,
                            step=step, stream=shared.prompts(domain_keys(c), b.batch_size, 50, mix),
-                           seq_len=b.seq_len, num_steps=int(st.degrade_steps), writer=writer)
+                           seq_len=b.seq_len, num_steps=n, writer=writer)
       fields, calls = shared.evaluator(state.params)
       ledger.add(calls)
-      writer.write(int(st.degrade_steps),
+      writer.write(n,
                    {f"heldout/{d}": a for d, a in fields["accuracy"].items()})
-      _eval_line(c, name, int(st.degrade_steps), fields, ledger)
-    return PhaseOutput(state.params, ledger, [_point(int(st.degrade_steps), fields)], {})
+      _eval_line(c, name, n, fields, ledger)
+    return PhaseOutput(state.params, ledger, [_point(n, fields)], {})
   return store.run_phase(workdir, c, name, read_fields(DEGRADE), shared.abstract_params(), fn)
 # The recovery arms run their whole budget: their target (self_teacher.recover_target_fraction)
 # is the report's to read off their curves, and self_teacher.min_loss is checked between the
 # phases (smjax.study.run.check_degradation); neither changes what a recovery phase computes.
 _RECOVER = ("self_teacher.recover_domain", "self_teacher.recover_steps",
             "self_teacher.eval_refine")
-RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,))
+RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,),
+                        cap="self_teacher.recover_steps")
 RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,
-                             after=(DEGRADE, EXTERNAL_TEACHER))
-RECOVER_GRPO = PhaseSpec("recover_grpo", reads=_RECOVER, after=(DEGRADE,))
+                             after=(DEGRADE, EXTERNAL_TEACHER), cap="self_teacher.recover_steps")
+RECOVER_GRPO = PhaseSpec("recover_grpo", reads=_RECOVER, after=(DEGRADE,),
+                        cap="self_teacher.recover_steps")
+
+# Every phase's declaration, for what reads a workdir by its phases' directories (smjax.study.status).
+SPECS = (BASE, BASE_STRONG, EXTERNAL_TEACHER, CONTROL_TEACHER, JOINT, EXPERT, JOINT_STRONG, MOPD,
+         EXTERNAL_OPD, CONTROL_OPD, DEGRADE, RECOVER_SELF, RECOVER_EXTERNAL, RECOVER_GRPO)
+
+
+def spec_of(directory: str) -> PhaseSpec | None:
+  """The declaration of the phase whose directory is `directory` (`expert_<domain>`, a suffix
+  from "@" on: `mopd@0.9`, `recover_self@0`), None for a name no phase has."""
+  name = directory.partition("@")[0]
+  return next((s for s in SPECS if s.name == name or (s.name.endswith("_") and
+                                                      name.startswith(s.name))), None)

@@ -194,7 +194,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   joint = None
   if "joint" in phases or "self_teacher" in phases:
     joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
-               domains=domains, steps=config.joint.steps, stream_seed=10,
+               domains=domains, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(_arm("joint_grpo", seed, joint))
   # The base the experts grow from: the student's, or the bigger model SFT'd as the base is,
@@ -221,11 +221,11 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         f"{float(b):g}": rules.bar_rule(d, _stop_final(grown_base), ref, float(b))
         for b in config.experts.bars} for d in domains}
     last_bar = f"{float(config.experts.bars[-1]):g}"
-    steps, refine = config.experts.steps, int(config.experts.eval_refine)
+    refine = int(config.experts.eval_refine)
 
     def expert(i, d):
       return rl(ph.EXPERT, ph.EXPERT.dir(domains_lib.domain_label(d)), on=grown,
-                algo=ph.grpo(grown), init_params=grown_base.params, domains=[d], steps=steps,
+                algo=ph.grpo(grown), init_params=grown_base.params, domains=[d],
                 stream_seed=20 + i, eval_refine=refine, stop_at=bars[d].get(last_bar),
                 prompts_per_step=per_step, snapshot_at=bars[d])
     # The experts are independent of each other: side by side when the seed's evaluation grid
@@ -242,9 +242,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     if "mopd" in phases:
       names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
       template = grown.abstract_params()
-      mopd_steps, plateau = config.mopd.steps, (int(config.mopd.plateau_evals),
-                                                 float(config.mopd.plateau_tol),
-                                                 float(config.mopd.plateau_flops_fraction))
+      plateau = (int(config.mopd.plateau_evals), float(config.mopd.plateau_tol),
+                 float(config.mopd.plateau_flops_fraction))
       refine, capture = int(o.eval_refine), o.capture_fraction
 
       def distil(arm, members):   # MOPD from one set of the experts' checkpoints
@@ -258,7 +257,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                        for d, m in members.items()}
         expert_flops = sum(m["flops"] for m in members.values())
         return rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
-                  init_params=base.params, domains=domains, steps=mopd_steps,
+                  init_params=base.params, domains=domains,
                   stream_seed=30, flops_offset=expert_flops,
                   router=shared.teacher_router(teachers), eval_refine=refine,
                   stop_at=rules.all_rules(
@@ -286,7 +285,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     # so it runs after the routes (its whole budget at the bigger size is the cell's longest
     # phase; nothing else reads it, and each phase's streams are its own, so order is neutral).
     strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
-                init_params=grown_base.params, domains=domains, steps=config.joint.steps,
+                init_params=grown_base.params, domains=domains,
                 stream_seed=10, eval_refine=int(config.joint.eval_refine))
     arms.append(_arm(ph.JOINT_STRONG.name, seed, strong,
                      note=f"joint GRPO on {preset} from base_strong (beside the "
@@ -317,8 +316,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     def teacher_opd(t):
       spec, who, teacher, cfg, stream_seed = t
       return rl(spec, spec.name, algo=ph.opd(shared), init_params=base.params,
-                domains=domains,
-                steps=config.external.steps, stream_seed=stream_seed,
+                domains=domains, stream_seed=stream_seed,
                 router=shared.teacher_router([Teacher(who, cfg, teacher.params,
                                                        tuple(domains))]),
                 eval_refine=int(o.eval_refine), max_new_tokens=cap,
@@ -462,7 +460,7 @@ def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: Pha
   start = ph.DEGRADE.name + suffix
   if st.degrade == "grpo":
     degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, start, algo=ph.grpo(shared),
-                           init_params=joint.params, domains=[deg_d], steps=st.degrade_steps,
+                           init_params=joint.params, domains=[deg_d],
                            stream_seed=50)
     how = f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}"
   else:
@@ -485,7 +483,7 @@ def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: Pha
   for i, (spec, algo, teacher) in enumerate(routes):
     router = None if teacher is None else shared.teacher_router([teacher()])
     out = ph.rl_phase(shared, workdir, spec, spec.name + suffix, algo=algo,
-                      init_params=degraded.params, domains=[rec_d], steps=st.recover_steps,
+                      init_params=degraded.params, domains=[rec_d],
                       stream_seed=60 + i, router=router, heldout_domains=[rec_d],
                       eval_refine=int(st.eval_refine))
     arms.append(_arm(spec.name + suffix, shared.seed, out, group="recovery", target=target,

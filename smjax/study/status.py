@@ -27,28 +27,21 @@ from etils import epath
 
 from smjax import paths
 from smjax.checkpoint_meta import read_json
+from smjax.study.phases import spec_of
 from smjax.study.store import seed_dirs
 
 # A phase whose metrics file is older than this is reported as stopped, not running.
 STALE_S = 600
-# Each phase's step cap: (config section, field), by its name before any "@" (smjax.study.run).
-_CAPS = {"base": ("base", "steps"), "base_strong": ("base", "steps"),
-         "joint_grpo": ("joint", "steps"), "joint_grpo_strong": ("joint", "steps"),
-         "mopd": ("mopd", "steps"), "external_opd": ("external", "steps"),
-         "control_opd": ("external", "steps"),
-         "external_teacher": ("external", "teacher_sft_steps"),
-         "control_teacher": ("external", "teacher_sft_steps"),
-         "degrade": ("self_teacher", "degrade_steps"),
-         "recover_self": ("self_teacher", "recover_steps"),
-         "recover_external": ("self_teacher", "recover_steps"),
-         "recover_grpo": ("self_teacher", "recover_steps")}
 
 
 def _cap(config: dict, phase: str) -> int | None:
-  name = phase.partition("@")[0]
-  section, field = ("experts", "steps") if name.startswith("expert_") else _CAPS.get(name, ("", ""))
-  value = (config.get(section) or {}).get(field)
-  return int(value) if isinstance(value, (int, float)) else None
+  """The step cap its declaration names (smjax.study.phases.PhaseSpec.cap), None where the
+  workdir's config lacks it or no phase has that name."""
+  spec = spec_of(phase)
+  try:
+    return spec.steps(config) if spec is not None else None
+  except (KeyError, TypeError, ValueError):
+    return None
 
 
 def _ago(seconds: float) -> str:
