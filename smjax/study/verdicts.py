@@ -88,6 +88,17 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
   return f"; {signs.count(side)} of {n} seeds agree" + tail
 
 
+def _tokens_per_seed(d: dict) -> str:
+  """" (per seed: +0.1, +14.9, +0.01)" for a length difference on several seeds: its sign count
+  counts a seed 0.01 tokens longer as longer, so the values show what the count is made of (a
+  value under 0.05 in hundredths)."""
+  xs = [stats.number(x) for x in d.get("per_seed") or []]
+  if len(xs) < 2:
+    return ""
+  return " (per seed: " + ", ".join(
+      f"{x:+.2f}" if abs(x) < 0.05 else f"{x:+.1f}" for x in xs) + ")"
+
+
 def fell_from_best(report: dict, below: float = 0.5) -> list[str]:
   """One line naming the runs that ended below `below` times their own best checkpoint's
   accuracy (best and final on the report set, per seed) without the collapse rule ending them
@@ -345,7 +356,7 @@ def verdicts(report: dict) -> list[str]:
       if not math.isnan(m):  # nan: a curve without lengths
         lines.append(f"(c) {what} answers are {m:+.{nd}f} tokens{ci} vs {ref}"
                      + ("" if _side(d) or point else " (not distinguishable)")
-                     + _agree(d, _side(d), ("longer", "shorter")))
+                     + _agree(d, _side(d), ("longer", "shorter")) + _tokens_per_seed(d))
   best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
           if "best_accuracy" in arms.get(n, {})]
   if len(best) > 1:
