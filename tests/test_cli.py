@@ -385,17 +385,21 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   other = phase(tmp_path / "study" / "seed_0", "mopd@0.9", {
       "curve": [point(108, .95)], "extra": {"reached": True}, "ledger": {"flops": {}}})
   os.symlink(other, seed / "mopd@0.9")
+  # Its rule met at step 342, too late for the run-on to end it before its cap.
+  phase(seed, "mopd", {"curve": [point(300, .7), point(342, .74), point(400, .75)],
+                       "extra": {"reached": True, "stop_point": 1}, "ledger": {"flops": {}}})
   phase(seed, "expert_math", steps=(0, 5, 57), ckpt=(36, 42), age=3600)
   phase(seed, "expert_code")
   lines = status(str(cell), now)
   assert lines[0] == f"{cell} (regimes/cell): seeds 0" and lines[1].startswith(
-      "seed_0: 3 of 5 started phases done"), lines
+      "seed_0: 4 of 6 started phases done"), lines
   by = {ln.split()[1]: ln for ln in lines[2:]}
   assert by["base"].split() == ["done", "base", "step", "900/900,", "no", "training", "FLOPs",
                                 "charged,", "held-out", "31.0%"], by["base"]
   assert ("step 800/800 (at its cap), 5.46e+12 training FLOPs, held-out 97.9%"
           in by["joint_grpo"]), by["joint_grpo"]   # eval/* is not training
   assert "step 108/400 (stopped by its rule)" in by["mopd@0.9"]
+  assert "step 400/400 (at its cap; its rule met at step 342)" in by["mopd"], by["mopd"]
   assert by["mopd@0.9"].endswith(f"(lent by {(tmp_path / 'study').resolve()})"), by["mopd@0.9"]
   assert by["expert_math"].split()[0] == "stopped" and (
       "step 57/800, wrote 60 min ago, resumes from step 42" in by["expert_math"])

@@ -6,7 +6,8 @@ workdir alone (nothing is computed, compiled or written, so it is safe beside a 
   smjax status gs://BUCKET/run        # a workdir in a bucket (smjax.paths), e.g. a pod's
 
 For each seed, every phase that has started: `done` (the step it ended at and of how many; for
-an RL phase how: stopped by its rule, collapsed, or at its cap; its training FLOPs; its final
+an RL phase how: stopped by its rule, collapsed, or at its cap, saying where its rule was met
+when that was too late for its run-on to end it first; its training FLOPs; its final
 mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
 written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent
@@ -110,8 +111,14 @@ def phase_line(seed_dir: str, phase: str, config: dict, now: float) -> str:
     extra = res.get("extra") or {}
     step = last.get("step")
     # An RL phase says how it ended (its extra has "reached"); an SFT phase runs all its steps.
+    # A rule met too late for its run-on to end the run before the cap: the cap ended it.
+    met = extra.get("stop_point")
+    met_at = (res["curve"][met].get("step") if isinstance(met, int)
+              and 0 <= met < len(res["curve"]) else None)
     how = ("" if "reached" not in extra else "collapsed" if extra.get("collapsed") else
-           "stopped by its rule" if extra["reached"] or extra.get("stop_point") else
+           f"at its cap; its rule met at step {met_at}" if (
+               cap and step == cap and met_at is not None and met_at < cap) else
+           "stopped by its rule" if extra["reached"] or met is not None else
            "at its cap" if cap and step == cap else "")
     flops = sum(v for p, v in ((res.get("ledger") or {}).get("flops") or {}).items()
                 if p.split("/")[0] in ("rollout", "train"))
