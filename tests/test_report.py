@@ -509,14 +509,15 @@ def test_verdict_lines_follow_the_interval():
   ext["length_vs_reference"] = {"mean": .1, "lo": -.2, "hi": .4,
                                 "per_seed": [.2, -.1, .3, 0.0, .1]}
   assert any(v.endswith("answers are +0.1 tokens [-0.2, +0.4] vs joint_grpo (not distinguishable)"
-                        "; 3 of 5 seeds longer, 1 shorter (per seed: +0.2, -0.1, +0.3, +0.00, +0.1)")
+                        "; 3 of 5 seeds longer, 1 shorter (per seed: +0.2, -0.1, +0.3, +0.00, "
+                        "+0.1)")
              for v in verdicts(rep)), verdicts(rep)
   # Differences of hundredths of a token print in hundredths, not as "+0.0 [-0.0, +0.0]".
   ext["length_vs_reference"].update(mean=.001, lo=-.022, hi=.024,
                                     per_seed=[-.006, .011, -.002, .001, .001])
   assert any(v.endswith("answers are +0.00 tokens [-0.02, +0.02] vs joint_grpo (not "
-                        "distinguishable); 3 of 5 seeds longer, 2 shorter (per seed: -0.01, +0.01, -0.00, "
-                        "+0.00, +0.00)")
+                        "distinguishable); 3 of 5 seeds longer, 2 shorter (per seed: -0.01, "
+                        "+0.01, -0.00, +0.00, +0.00)")
              for v in verdicts(rep)), verdicts(rep)
   ext["length_vs_reference"].update(mean=5.0, lo=3.0, hi=7.0, per_seed=[5, 4, 6, 7, -1])
   assert any(v.endswith("answers are +5.0 tokens [+3.0, +7.0] vs joint_grpo; 4 of 5 seeds agree"

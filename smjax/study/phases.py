@@ -480,7 +480,8 @@ RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,
 RECOVER_GRPO = PhaseSpec("recover_grpo", reads=_RECOVER, after=(DEGRADE,),
                         cap="self_teacher.recover_steps")
 
-# Every phase's declaration, for what reads a workdir by its phases' directories (smjax.study.status).
+# Every phase's declaration, for what reads a workdir by its phases' directories
+# (smjax.study.status).
 SPECS = (BASE, BASE_STRONG, EXTERNAL_TEACHER, CONTROL_TEACHER, JOINT, EXPERT, JOINT_STRONG, MOPD,
          EXTERNAL_OPD, CONTROL_OPD, DEGRADE, RECOVER_SELF, RECOVER_EXTERNAL, RECOVER_GRPO)
 
