@@ -375,7 +375,7 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   seed.mkdir(parents=True)
   (cell / "config.json").write_text(json.dumps({
       "name": "regimes/cell", "base": {"steps": 900}, "joint": {"steps": 800},
-      "experts": {"steps": 800}, "mopd": {"steps": 400}}))
+      "experts": {"steps": 800}, "mopd": {"steps": 400}, "external": {"steps": 400}}))
   point = lambda step, mean: {"step": step, "flops": 1.0, "mean": mean}  # noqa: E731
   phase(seed, "base", {"curve": [point(900, .31)], "ledger": {"flops": {"base/sft": 5e12}},
                        "extra": {}})
@@ -388,11 +388,16 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   # Its rule met at step 342, too late for the run-on to end it before its cap.
   phase(seed, "mopd", {"curve": [point(300, .7), point(342, .74), point(400, .75)],
                        "extra": {"reached": True, "stop_point": 1}, "ledger": {"flops": {}}})
+  # Run on to its cap past its rule (external.to_cap): met at step 60, its run-on done at 90.
+  phase(seed, "external_opd", {
+      "curve": [point(60, .9), point(90, .92), point(400, .3)], "ledger": {"flops": {}},
+      "extra": {"reached": True, "stop_point": 0, "rule_end": {
+          "index": 1, "step": 90, "flops_by_phase": {}, "met": True}}})
   phase(seed, "expert_math", steps=(0, 5, 57), ckpt=(36, 42), age=3600)
   phase(seed, "expert_code")
   lines = status(str(cell), now)
   assert lines[0] == f"{cell} (regimes/cell): seeds 0" and lines[1].startswith(
-      "seed_0: 4 of 6 started phases done"), lines
+      "seed_0: 5 of 7 started phases done"), lines
   by = {ln.split()[1]: ln for ln in lines[2:]}
   assert by["base"].split() == ["done", "base", "step", "900/900,", "no", "training", "FLOPs",
                                 "charged,", "held-out", "31.0%"], by["base"]
@@ -400,6 +405,8 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
           in by["joint_grpo"]), by["joint_grpo"]   # eval/* is not training
   assert "step 108/400 (stopped by its rule)" in by["mopd@0.9"]
   assert "step 400/400 (at its cap; its rule met at step 342)" in by["mopd"], by["mopd"]
+  assert ("step 400/400 (at its cap; its rule met at step 60, which would have ended it at step "
+          "90)") in by["external_opd"], by["external_opd"]
   assert by["mopd@0.9"].endswith(f"(lent by {(tmp_path / 'study').resolve()})"), by["mopd@0.9"]
   assert by["expert_math"].split()[0] == "stopped" and (
       "step 57/800, wrote 60 min ago, resumes from step 42" in by["expert_math"])

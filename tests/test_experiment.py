@@ -145,6 +145,15 @@ def test_report_fields_and_files(study):
     notes = rep["arms"][arm]["notes"]
     assert notes == [f"OPD from the {arm.split('_')[0]} teacher, up to 68 new tokens"], notes
     assert longest(arm) <= 68
+    # external.to_cap: each runs on to its cap past its rule, which marks where it would have
+    # ended it; the report reads the arm there too ("<arm>@rule", never past the cap's FLOPs).
+    res = phase_result(wd, arm)
+    end = res["extra"]["rule_end"]
+    assert res["curve"][-1]["step"] == 4 or res["extra"]["collapsed"], res["curve"][-1]
+    assert set(end) == {"index", "step", "flops_by_phase", "met"}, end
+    assert res["curve"][end["index"]]["step"] == end["step"]
+    assert rep["arms"][arm + "@rule"]["flops_total"]["mean"] <= (
+        rep["arms"][arm]["flops_total"]["mean"])
   assert longest("joint_grpo") <= 44 and longest("mopd") <= 44
   assert rep["arms"]["joint_grpo"].get("greedy") in (None, {}), rep["arms"]["joint_grpo"]
   assert os.path.exists(os.path.join(wd, "seed_0", "arms.json"))

@@ -561,6 +561,45 @@ def test_length_verdict_and_held_out_sets():
     build_report(arms)
 
 
+def test_an_arm_run_on_to_its_cap_is_read_at_its_rules_end_too():
+  """external.to_cap: external_opd ran to its cap past its rule, which would have ended it at
+  its second point (50 FLOPs, 50 %, 8 tokens); at its cap it fell to 10 % with 14-token answers.
+  The report reads both ends: external_opd (the cap) and external_opd@rule (the rule's end, its
+  curve cut there and charged the FLOPs spent then); the verdicts say both."""
+  arms = _arms(joint_scale=2.0)
+  lengths = [{"math": 9.0, "code": 7.0}, {"math": 9.0, "code": 7.0}, {"math": 15.0, "code": 13.0}]
+  arms[2] = ArmResult("external_opd", 0, [
+      _point(f, {"math": a, "code": a}, ln) for (f, a), ln in zip(
+          [(0, .2), (50, .5), (400, .1)], lengths)], {"train/teacher": 400.0}, distill_flops=400.0,
+      rule_end={"index": 1, "step": 7, "flops_by_phase": {"train/teacher": 50.0}, "met": True})
+  rep = build_report(arms, bootstrap=10)
+  cap, rule = rep["arms"]["external_opd"], rep["arms"]["external_opd@rule"]
+  assert _exact(cap["accuracy_mean"], .1) and _exact(rule["accuracy_mean"], .5)
+  assert _exact(cap["flops_total"], 400.0) and _exact(rule["flops_total"], 50.0)
+  assert _exact(cap["response_length"], 14.0) and _exact(rule["response_length"], 8.0)
+  # The target (.2 + .9 x (.6 - .2) = .56) is never reached by either: the same first passage.
+  assert rule["notes"] == ["external_opd where its stop rule ended it (step 7)"]
+  v = rep["verdicts"]
+  assert ("(c) external-teacher OPD answers at its cap are +10.0 tokens [+10.0, +10.0] vs "
+          "joint_grpo") in v, v
+  assert ("(c) external-teacher OPD answers where its stop rule ended it are +4.0 tokens "
+          "[+4.0, +4.0] vs joint_grpo") in v, v
+  assert ("(c) external-teacher OPD's final accuracy: 10.0% [10.0, 10.0] at its cap, 50.0% "
+          "[50.0, 50.0] where its stop rule ended it") in v, v
+  fell = next(x for x in v if x.startswith("Fell below"))
+  assert "external_opd on seed 0 (best 50.0%, final 10.0%)" in fell and "@rule" not in fell
+  # A run its rule never ended: its view is the arm itself (both arms hold every seed).
+  arms[2].rule_end = {"index": 2, "step": 9, "flops_by_phase": {"train/teacher": 400.0},
+                      "met": False}
+  again = build_report(arms, bootstrap=0)["arms"]
+  assert again["external_opd@rule"]["accuracy_mean"] == again["external_opd"]["accuracy_mean"]
+  assert again["external_opd@rule"]["notes"] == [
+      "external_opd (its rule never ended it: the run to its cap)"]
+  # An arm from before to_cap (no rule_end): one arm, as before.
+  arms[2].rule_end = None
+  assert "external_opd@rule" not in build_report(arms, bootstrap=0)["arms"]
+
+
 def test_plot_band_is_the_normal_interval_over_prompts():
   # k = 2; math per-prompt accuracies 0, 1: std 0.7071, se 0.5; code 0.5, 0.5: se 0.
   p = {"flops": 0.0, "accuracy": {"math": .5, "code": .5}, "mean": .5,
@@ -839,6 +878,11 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   full = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
                          **(kw | {"stop_at": None, "make_batch": lambda _: (None, [], {})}))
   assert not full.reached and full.stop_point is None and len(full.curve) == 11
+  # stop_ends=False: the rule's point is noted, and the run goes on to its cap all the same.
+  script = iter(accs)
+  on = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
+                       **(kw | {"stop_ends": False, "make_batch": lambda _: (None, [], {})}))
+  assert on.reached and on.stop_point == 3 and len(on.curve) == 11
 
 
 def test_a_phase_also_saves_on_the_clock_where_its_steps_are_slow(monkeypatch):

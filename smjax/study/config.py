@@ -42,6 +42,7 @@ RUN_NEUTRAL_FIELDS = ("progress", "log_every", "checkpoint_every", "checkpoint_s
 # experts.preset: the experts were the student's model, which "" names. domain_difficulty: every
 # domain took `difficulty`, which "" means. parallel_phases: one phase at a time (run-neutral).
 # self_teacher.also_correct_fractions: one degradation (run-neutral: it adds phases).
+# external.to_cap: the teachers' OPD arms ended at their stop rule.
 ADDED_FIELDS = {
     "model.chat_template": lambda old: "none" if old.get("model", {}).get("hf_path") else "auto",
     "experts.preset": lambda old: "",
@@ -49,6 +50,7 @@ ADDED_FIELDS = {
     "parallel_phases": lambda old: 1,
     "mopd.plateau_flops_fraction": lambda old: 0.0,
     "self_teacher.also_correct_fractions": lambda old: (),
+    "external.to_cap": lambda old: False,
 }
 
 
@@ -223,10 +225,15 @@ def study_defaults() -> mlc.ConfigDict:
   # being cut off (and scored) mid-imitation; the other phases keep rl.max_new_tokens. `control`:
   # a control teacher too, the student's architecture SFT'd the same way on the plain chains,
   # distilled under the same rules (arm control_opd): it tells "a bigger teacher" from "a
-  # verbose one" (external_opd against control_opd against joint GRPO).
+  # verbose one" (external_opd against control_opd against joint GRPO). `to_cap`: both arms run
+  # on to their cap (external.steps) past their stop rule, which only marks where it would have
+  # ended them: what a teacher does to its student's accuracy and length is the stop rule's
+  # choice otherwise (two_domain,full's verbose teacher broke 2 of 5 students before its rule
+  # ended them, 4 of 5 by the cap), so the report reads each arm at both ends (`<arm>@rule`:
+  # smjax.study.report.rule_views). False: the rule ends them, as studies ran before it.
   c.external = mlc.ConfigDict(dict(
       teacher_preset="toy-small", teacher_sft_steps=1000, teacher_learning_rate=2e-3,
-      teacher_seq_len=96, steps=300, max_new_tokens=0, control=True))
+      teacher_seq_len=96, steps=300, max_new_tokens=0, control=True, to_cap=True))
 
   # Claim (d): the joint model degraded on `recover_domain` (which must cost it at least
   # `min_loss` of accuracy there, checked on every seed like the base's band), then recovered by

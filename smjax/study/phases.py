@@ -34,8 +34,8 @@ from smjax.study.shared import SeedShared, make_evaluator, state_shardings
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
 from smjax.train import steps as steps_lib
-from smjax.train.loop import (Reference, RLLoopConfig, grpo_batch, opd_batch, run_rl_checkpointed,
-                              run_sft)
+from smjax.train.loop import (Reference, RLLoopConfig, first_hold, grpo_batch, opd_batch,
+                              run_on_end, run_rl_checkpointed, run_sft)
 from smjax.train.metrics import MetricLines, MetricsWriter, progress_bar_shown, wandb_run_id
 from smjax.train.teachers import TeacherRouter
 
@@ -258,7 +258,8 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
              init_params, domains, stream_seed: int, flops_offset: float = 0.0,
              router: TeacherRouter | None = None, heldout_domains=None,
              eval_refine: int = 1, stop_at=None, prompts_per_step: int | None = None,
-             snapshot_at: dict | None = None, max_new_tokens: int | None = None) -> PhaseOutput:
+             snapshot_at: dict | None = None, max_new_tokens: int | None = None,
+             to_cap: bool = False) -> PhaseOutput:
   """One run of `algo` (`grpo(shared)`, or `opd(shared)` scored by `router`) from `init_params`,
   resumable from its checkpoints; evaluated every seed eval interval / `eval_refine` training
   FLOPs (the first GRPO phase of a seed fixes that interval, smjax.study.store). `stop_at`
@@ -269,7 +270,11 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
   says whether it met `stop_at` (`reached`), at which curve point (`stop_point`), and where each
   snapshot was taken (`snapshots`: {label: {"step", "flops"}}). `max_new_tokens`: the student's
   token cap in this phase's rollouts and evaluations (default: rl.max_new_tokens, the study's),
-  its sampler's context raised by as many tokens as the cap."""
+  its sampler's context raised by as many tokens as the cap. `to_cap`: `stop_at` and its run-on
+  do not end the run, which goes on to its cap; where they would have ended it is kept
+  (extra["rule_end"]: {"index" in the curve, "step", "flops_by_phase" then, "met"}; "met"
+  false: the rule never ended it, and it is the run's end), so the report reads the arm at both
+  ends (smjax.study.report.rule_views)."""
   c = shared.config
   reads = read_fields(spec)
 
@@ -302,6 +307,9 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
     if heldout_domains is not None or sampler is not shared.sampler:
       evaluator = shared.evaluator_for(sampler=sampler, domains=heldout_domains)
     snaps: dict = {}   # saved with every checkpoint, restored on resume
+    rule_end: dict = {}   # likewise (to_cap)
+    # Only a phase with a stop rule runs on past it (and declares run_on).
+    run_on = (int(c.run_on.evals), float(c.run_on.flops_fraction)) if stop_at else (0, 0.0)
 
     def on_eval(point, state_, prog):
       for label, rule in (snapshot_at or {}).items():
@@ -309,27 +317,35 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
           store.save_params(store.snapshot_dir(workdir, phase, label), state_.params)
           snaps[label] = {"step": point["step"], "flops": point["flops"],
                           "flops_by_phase": train_flops(prog.ledger)}
+      if to_cap and not rule_end:   # the point at which the rule would have ended the run
+        at, last = first_hold(prog.curve, stop_at), len(prog.curve) - 1
+        if at is not None and run_on_end(prog.curve, at, *run_on, offset=flops_offset) == last:
+          rule_end.update(index=last, step=point["step"],
+                          flops_by_phase=train_flops(prog.ledger), met=True)
 
     fix = None
     if algo.fixes_grid and not every:
       fix = lambda step_flops: store.save_eval_every(workdir, c, step_flops) / eval_refine
     result = run_rl_checkpointed(
         state, checkpointer=store.checkpointer(workdir, c, phase, reads),
-        open_writer=lambda: _writer(c, workdir, phase), kept={"snapshots": snaps},
+        open_writer=lambda: _writer(c, workdir, phase),
+        kept={"snapshots": snaps, "rule_end": rule_end},
         name=phase, loop=loop, step=algo.step, make_batch=make_batch,
         sampler=sampler, tokenizer=shared.tokenizer, prompts=prompts,
         verify=shared.verify, evaluator=evaluator,
         flops_offset=flops_offset, fix_eval_every=fix, stop_at=stop_at,
-        # Only a phase with a stop rule runs on past it (and declares run_on).
-        run_on=(int(c.run_on.evals), float(c.run_on.flops_fraction)) if stop_at else (0, 0.0),
-        on_eval=on_eval if snapshot_at else None)
+        run_on=run_on, stop_ends=not to_cap,
+        on_eval=on_eval if snapshot_at or to_cap else None)
     if result.stopped:
       raise SystemExit(f"phase {phase}: stopped by SIGTERM at a checkpoint; rerun the same "
                        "command to resume")
+    if to_cap and not rule_end:   # the rule never ended it: its end is the run's
+      rule_end.update(index=len(result.curve) - 1, step=result.curve[-1]["step"],
+                      flops_by_phase=train_flops(result.ledger), met=False)
     return PhaseOutput(result.state.params, result.ledger, result.curve,
                        {"last_metrics": result.last_metrics, "reached": result.reached,
                         "stop_point": result.stop_point, "snapshots": snaps,
-                        "collapsed": result.collapsed})
+                        "collapsed": result.collapsed, "rule_end": rule_end or None})
 
   return store.run_phase(workdir, c, phase, reads, shared.abstract_params(), fn)
 
@@ -419,8 +435,8 @@ JOINT_STRONG = PhaseSpec("joint_grpo_strong", reads=("rl", "joint"), after=(BASE
                         cap="joint.steps")
 MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,),
                 cap="mopd.steps")  # mopd[@<bar>]
-_EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "run_on",
-                 "report.target_fraction", "report.reference_arm")
+_EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "external.to_cap",
+                 "run_on", "report.target_fraction", "report.reference_arm")
 EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,),
                         cap="external.steps")
 CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,),

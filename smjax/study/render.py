@@ -313,8 +313,9 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
 def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   """Held-out accuracy against cumulative training FLOPs, one line per arm and seed with its 95%
   band over prompts, and the matched target; with the self-teacher study, the degradation and
-  the recovery panels (`curve_series`). `path`: a local file name (its extension gives the
-  format) or a binary file object (PNG)."""
+  the recovery panels (`curve_series`); an arm run on to its cap past its stop rule has a cross
+  where the rule would have ended it (report.rule_views). `path`: a local file name (its
+  extension gives the format) or a binary file object (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -332,18 +333,25 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
     plot_frontier(axes[0], report)
     axes = axes[1:]
   colors: dict[str, str] = {}
+  rule_ends = {(a.arm, a.seed): int(a.rule_end["index"]) for a in arms
+               if a.rule_end and a.rule_end.get("met") and a.group == "main"}
   titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
             "recovery": "Self-teacher recovery"}
   for ax, (panel_name, panel) in zip(axes, panels.items()):
     group, sfx = panel_name.partition("@")[0], recovery_suffix(panel_name)
     labelled = set()
-    for arm, _, xs, ys, band in panel["series"]:
+    for arm, seed, xs, ys, band in panel["series"]:
       # A recovery route keeps its colour at every depth of the degradation.
       key = arm if group == "main" else arm.partition("@")[0]
       c = colors.setdefault(key, f"C{len(colors) % 10}")
       ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
       ax.fill_between(xs, np.subtract(ys, band), np.add(ys, band), color=c, alpha=0.15, lw=0)
       labelled.add(arm)
+      at = rule_ends.get((arm, seed)) if group == "main" else None
+      if at is not None and at < len(xs):
+        ax.plot([xs[at]], [ys[at]], "X", color=c, ms=9, mec="black", label=None if (
+            "rule" in labelled) else "where its stop rule would have ended it")
+        labelled.add("rule")
     tgt = report.get("target_accuracy" if group == "main" else "recover_target" + sfx)
     if tgt and not math.isnan(_num(tgt)):
       ax.axhline(100 * _num(tgt), color="gray", ls=":", lw=1,

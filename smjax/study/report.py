@@ -67,6 +67,10 @@ class ArmResult:
   # The run's policy collapsed and the run ended there ({"step", "what"}; smjax.train.guards):
   # an outcome of the route, reported; the arm's curve ends at the collapse.
   collapsed: dict | None = None
+  # An arm run on to its cap past its stop rule (config.external.to_cap): where the rule and its
+  # run-on would have ended it ({"index" of that curve point, "step", "flops_by_phase" then});
+  # the report reads it there too, as the arm "<arm>@rule" (`rule_views`).
+  rule_end: dict | None = None
 
   @property
   def total_flops(self) -> float:
@@ -446,6 +450,31 @@ def replay_distillation(seed_arms: dict[str, ArmResult], *, evals: int, tol: flo
   return out
 
 
+def rule_views(arms: Sequence[ArmResult]) -> list[ArmResult]:
+  """`arms`, each arm run on to its cap past its stop rule (`rule_end`, config.external.to_cap)
+  followed by itself as it stood where the rule and its run-on would have ended it: the arm
+  "<arm>@rule", its curve cut after that point and charged the FLOPs it had spent then. The run
+  is the same run up to there (the rule only reads the curve), so that is the arm the rule would
+  have reported, and the report reads both ends. A run the rule never ended (`rule_end` "met"
+  false) has its view all the same, equal to itself, so that both arms hold every seed."""
+  out = []
+  for a in arms:
+    out.append(a)
+    end = a.rule_end
+    if not end or not a.curve:
+      continue
+    flops = {k: float(v) for k, v in end["flops_by_phase"].items()}
+    cut = min(int(end["index"]), len(a.curve) - 1) + 1
+    how = (f"where its stop rule ended it (step {end['step']})" if end.get("met", True)
+           else "(its rule never ended it: the run to its cap)")
+    out.append(dataclasses.replace(
+        a, arm=a.arm + rules.AT_RULE, curve=a.curve[:cut], flops_by_phase=flops,
+        distill_flops=sum(flops.values()) if a.distill_flops else 0.0,
+        collapsed=a.collapsed if cut == len(a.curve) else None, rule_end=None,
+        note=f"{a.arm} {how}"))
+  return out
+
+
 def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
                  target_fraction: float = 0.9, reference_arm: str | None = "joint_grpo",
                  recover_domain: str | None = None, bootstrap: int = 1000,
@@ -468,9 +497,11 @@ def build_report(arms: Sequence[ArmResult], *, target: float | None = None,
   must be one of them when the frontier is reported (its verdicts read that level).
   `flat_rule`: `replay_distillation`'s keywords: the frontier is read again with MOPD's flat rule
   replayed at another span (modes "<mode>:replayed"; "flat_rule" in the report says which, and
-  the seeds whose records it could not replay).
+  the seeds whose records it could not replay). An arm run on to its cap past its stop rule is
+  reported at the rule's end too, as "<arm>@rule" (`rule_views`).
   """
   levels = tuple(float(x) for x in levels)
+  arms = rule_views(arms)   # an arm run on to its cap: at its rule's end too
   if levels and target_fraction not in levels:
     raise ValueError(f"build_report: target_fraction={target_fraction} must be one of the "
                      f"frontier's levels={levels} (the verdicts read the frontier there)")

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import math
 
+# The suffix of an arm read where its stop rule would have ended it, for an arm run on to its
+# cap past the rule (smjax.study.report.rule_views): "external_opd@rule".
+AT_RULE = "@rule"
+
 
 def stop_accuracy(point: dict) -> dict:
   """{domain: accuracy} of a curve point on the stop set (its report accuracy without one)."""

@@ -304,6 +304,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     # Claim (c): OPD from the external teacher, and from its control (the student's size, plain
     # chains), each under MOPD's capture rule plus the report's level, both on the stop set, with
     # the student's token cap raised to the teacher's (external.max_new_tokens); side by side.
+    # With external.to_cap the rule only marks its end: both run on to their cap.
     teachers = [(ph.EXTERNAL_OPD, "external", external,
                  get_preset(config.external.teacher_preset), 40)]
     if control:
@@ -320,7 +321,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
                 router=shared.teacher_router([Teacher(who, cfg, teacher.params,
                                                        tuple(domains))]),
                 eval_refine=int(o.eval_refine), max_new_tokens=cap,
-                stop_at=rules.all_rules(
+                to_cap=bool(config.external.to_cap), stop_at=rules.all_rules(
                     rules.capture_rule(_stop_final(base), _stop_final(teacher),
                                        o.capture_fraction),
                     None if ref is None else rules.target_rule(
@@ -329,6 +330,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
       arms.append(_arm(spec.name, seed, ext, distill_flops=sum(train(ext).values()),
                        teachers={d: f"{who}_teacher" for d in domains},
                        capture_fraction=o.capture_fraction, reached=ext.extra.get("reached"),
+                       rule_end=ext.extra.get("rule_end"),
                        note=f"OPD from the {who} teacher, up to {cap} new tokens"))
   if "self_teacher" in phases:
     for arm in _self_teacher(shared, workdir, joint, external):

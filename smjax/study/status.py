@@ -7,7 +7,8 @@ workdir alone (nothing is computed, compiled or written, so it is safe beside a 
 
 For each seed, every phase that has started: `done` (the step it ended at and of how many; for
 an RL phase how: stopped by its rule, collapsed, or at its cap, saying where its rule was met
-when that was too late for its run-on to end it first; its training FLOPs; its final
+when that was too late for its run-on to end it first, or, for an arm run on to its cap past
+its rule (external.to_cap), where the rule would have ended it; its training FLOPs; its final
 mean held-out accuracy), or `running` / `stopped` (the last step its metrics file records, of
 how many, how long ago it wrote, and the checkpoint a rerun resumes from; `stopped` when it has
 written nothing for STALE_S; `unfinished` where the file system gives no times). A phase lent
@@ -115,7 +116,10 @@ def phase_line(seed_dir: str, phase: str, config: dict, now: float) -> str:
     met = extra.get("stop_point")
     met_at = (res["curve"][met].get("step") if isinstance(met, int)
               and 0 <= met < len(res["curve"]) else None)
+    ruled = (extra.get("rule_end") or {}).get("met")   # run on to its cap past its rule
     how = ("" if "reached" not in extra else "collapsed" if extra.get("collapsed") else
+           f"at its cap; its rule met at step {met_at}, which would have ended it at step "
+           f"{extra['rule_end']['step']}" if ruled and met_at is not None else
            f"at its cap; its rule met at step {met_at}" if (
                cap and step == cap and met_at is not None and met_at < cap) else
            "stopped by its rule" if extra["reached"] or met is not None else

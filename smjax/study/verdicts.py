@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from smjax.study import stats
+from smjax.study.rules import AT_RULE
 
 
 def _fmt_pct(x: float, signed: bool = False) -> str:
@@ -97,6 +98,23 @@ def _tokens_per_seed(d: dict) -> str:
     return ""
   return " (per seed: " + ", ".join(
       f"{x:+.2f}" if abs(x) < 0.05 else f"{x:+.1f}" for x in xs) + ")"
+
+
+def _length_line(report: dict, arm: str, what: str, ref: str, point: bool,
+                 where: str = "") -> list[str]:
+  """Claim (c)'s answer-length line for `arm` against `ref` ([] without one on every seed)."""
+  d = ((report.get("arms") or {}).get(arm) or {}).get("length_vs_reference")
+  if not d or _some_seeds(report, arm):
+    return []
+  m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
+  if math.isnan(m):   # a curve without lengths
+    return []
+  # Hundredths where tenths would print every figure as 0.0 ("+0.0 [-0.0, +0.0]").
+  nd = 2 if all(abs(x) < 0.05 for x in (m, lo, hi) if math.isfinite(x)) else 1
+  ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.{nd}f}, {hi:+.{nd}f}]"
+  return [f"(c) {what} answers{where} are {m:+.{nd}f} tokens{ci} vs {ref}"
+          + ("" if _side(d) or point else " (not distinguishable)")
+          + _agree(d, _side(d), ("longer", "shorter")) + _tokens_per_seed(d)]
 
 
 def fell_from_best(report: dict, below: float = 0.5) -> list[str]:
@@ -347,16 +365,19 @@ def verdicts(report: dict) -> list[str]:
       lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
           what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point,
           _some_seeds(report, arm)))
-    if "length_vs_reference" in ext and not _some_seeds(report, arm):
-      d = ext["length_vs_reference"]
-      m, lo, hi = (stats.number(d.get(k)) for k in ("mean", "lo", "hi"))
-      # Hundredths where tenths would print every figure as 0.0 ("+0.0 [-0.0, +0.0]").
-      nd = 2 if all(abs(x) < 0.05 for x in (m, lo, hi) if math.isfinite(x)) else 1
-      ci = "" if math.isnan(lo) and math.isnan(hi) else f" [{lo:+.{nd}f}, {hi:+.{nd}f}]"
-      if not math.isnan(m):  # nan: a curve without lengths
-        lines.append(f"(c) {what} answers are {m:+.{nd}f} tokens{ci} vs {ref}"
-                     + ("" if _side(d) or point else " (not distinguishable)")
-                     + _agree(d, _side(d), ("longer", "shorter")) + _tokens_per_seed(d))
+    # An arm run on to its cap past its stop rule is read at both ends (report.rule_views).
+    ends = ((arm, " at its cap"), (arm + AT_RULE, " where its stop rule ended it")) if (
+        arm + AT_RULE in arms) else ((arm, ""),)
+    for name, where in ends:
+      lines += _length_line(report, name, what, ref, point, where)
+    if arm + AT_RULE in arms and all("accuracy_mean" in arms[n] for n, _ in ends):
+      (cap, rule), some = (arms[n]["accuracy_mean"] for n, _ in ends), _some_seeds(report, arm)
+      pairs = list(zip(cap.get("per_seed") or [], rule.get("per_seed") or []))
+      lines.append(
+          f"(c) {what}'s final accuracy: {_acc(cap, some)} at its cap, {_acc(rule, some)} where "
+          "its stop rule ended it" + ("" if len(pairs) < 2 or some else " (per seed: " + ", ".join(
+              f"{100 * stats.number(c):.1f} / {100 * stats.number(r):.1f}%" for c, r in pairs)
+              + ")"))
   best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
           if "best_accuracy" in arms.get(n, {})]
   if len(best) > 1:

@@ -343,7 +343,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
            save: Callable[[int, Any, RLProgress], None] | None = None,
            should_stop: Callable[[], bool] | None = None,
            stop_at: Callable[[dict], bool] | None = None,
-           run_on: tuple[int, float] = (0, 0.0),
+           run_on: tuple[int, float] = (0, 0.0), stop_ends: bool = True,
            on_eval: Callable[[dict, Any, RLProgress], None] | None = None,
            collapse_advice: str = "a learning rate too high for this model") -> RunResult:
   """A GRPO or OPD run of at most `loop.steps` iterations from `state` (module docstring).
@@ -364,6 +364,8 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     it has run on past it by `run_on` = (at least this many more evaluations, and at least this
     fraction more of the run's own training FLOPs), so that its curve does not end at the
     crossing; (0, 0.0) ends it there. A resumed run that had finished running on returns at once.
+    `stop_ends=False`: the rule's point is recorded all the same and the run goes on to its cap
+    (`loop.steps`), so that what follows the rule's end is measured too.
   on_eval: `(curve point, state, progress)` after every evaluation (e.g. to keep a checkpoint,
     and the ledger's totals then, the first time the policy crosses a mark).
   collapse_advice: what the collapse check (`Collapse`, `loop.collapse_window`) names as the
@@ -432,7 +434,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
     if on_eval is not None:
       on_eval(prog.curve[-1], state, prog)
   at = stop_index()
-  if ran_on(at) or (prog.collapsed and loop.collapse_ends):   # a resumed run that had ended
+  if (stop_ends and ran_on(at)) or (prog.collapsed and loop.collapse_ends):   # had ended
     return RunResult(state, prog.ledger, prog.curve, {}, False, at is not None, at,
                      prog.collapsed)
   pending, last, stopped, finished = None, {}, False, False
@@ -481,7 +483,7 @@ def run_rl(state, *, name: str, loop: RLLoopConfig, step: steps_lib.JittedStep,
         on_eval(point, state, prog)
       if at is None and stop_at is not None and stop_at(point):
         at = len(prog.curve) - 1
-      finished = ran_on(at)
+      finished = stop_ends and ran_on(at)
     if done == 1 and not every and fix_eval_every is not None:
       every = fix_eval_every(prog.ledger.total(training_only=True))
       prog.next_eval_flops = min(prog.next_eval_flops, _next_eval(every, training()))
