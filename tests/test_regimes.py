@@ -67,8 +67,11 @@ def test_the_recorded_cells_are_still_the_cells_the_code_defines():
   for name in recorded:
     with open(os.path.join(records, name, "config.json"), encoding="utf-8") as f:
       old = study_config.upgrade_old_config(json.load(f))
+    # A cell without the teachers' arms reads nothing of their section (external.to_cap came
+    # after every cell had run; interfering_even, which has them, keeps what it ran).
+    unread = () if {"external", "self_teacher"} & set(old["phases"]) else ("external",)
     assert config_diff(old, regimes.cell_config(name).to_dict(),
-                       study_config.RUN_NEUTRAL_FIELDS) == [], name
+                       study_config.RUN_NEUTRAL_FIELDS + unread) == [], name
     if name not in ("strong_to_weak", "sparse"):   # the first six cells
       assert tuple(old["experts"]["bars"]) == (0.75, 0.9, 0.95, 1.0)
       assert old["mopd"]["plateau_flops_fraction"] == 0.0   # filled in for configs without it
