@@ -883,6 +883,12 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
   on = loop_lib.run_rl(types.SimpleNamespace(params="p"), progress=loop_lib.RLProgress(),
                        **(kw | {"stop_ends": False, "make_batch": lambda _: (None, [], {})}))
   assert on.reached and on.stop_point == 3 and len(on.curve) == 11
+  # ...and up to where the rule ended the first run (run_on_end on its own curve: what
+  # rl_phase keeps as its rule_end) it is that run, point for point.
+  end = loop_lib.run_on_end(on.curve, on.stop_point, 2, 0.25)
+  assert end == len(res.curve) - 1 == 5
+  assert [(p["step"], p["accuracy"]) for p in on.curve[:end + 1]] == [
+      (p["step"], p["accuracy"]) for p in res.curve]
 
 
 def test_a_phase_also_saves_on_the_clock_where_its_steps_are_slow(monkeypatch):
