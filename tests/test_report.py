@@ -591,10 +591,17 @@ def test_an_arm_run_on_to_its_cap_is_read_at_its_rules_end_too():
   # A run its rule never ended: its view is the arm itself (both arms hold every seed).
   arms[2].rule_end = {"index": 2, "step": 9, "flops_by_phase": {"train/teacher": 400.0},
                       "met": False}
-  again = build_report(arms, bootstrap=0)["arms"]
+  rep = build_report(arms, bootstrap=0)
+  again, v = rep["arms"], rep["verdicts"]
   assert again["external_opd@rule"]["accuracy_mean"] == again["external_opd"]["accuracy_mean"]
   assert again["external_opd@rule"]["notes"] == [
       "external_opd (its rule never ended it: the run to its cap)"]
+  # ...and the verdicts read it once, saying so.
+  assert ("(c) external-teacher OPD answers at its cap (its stop rule ended it on no seed) are "
+          "+10.0 tokens vs joint_grpo") in v, v
+  assert not any("where its stop rule ended it" in x for x in v), v
+  fell = next(x for x in v if x.startswith("Fell below"))
+  assert "external_opd on seed 0" in fell and "@rule" not in fell
   # An arm from before to_cap (no rule_end): one arm, as before.
   arms[2].rule_end = None
   assert "external_opd@rule" not in build_report(arms, bootstrap=0)["arms"]

@@ -456,7 +456,8 @@ def rule_views(arms: Sequence[ArmResult]) -> list[ArmResult]:
   "<arm>@rule", its curve cut after that point and charged the FLOPs it had spent then. The run
   is the same run up to there (the rule only reads the curve), so that is the arm the rule would
   have reported, and the report reads both ends. A run the rule never ended (`rule_end` "met"
-  false) has its view all the same, equal to itself, so that both arms hold every seed."""
+  false) has its view all the same, equal to itself, so that both arms hold every seed; a view's
+  `reached` says whether the rule ended it."""
   out = []
   for a in arms:
     out.append(a)
@@ -470,6 +471,7 @@ def rule_views(arms: Sequence[ArmResult]) -> list[ArmResult]:
     out.append(dataclasses.replace(
         a, arm=a.arm + rules.AT_RULE, curve=a.curve[:cut], flops_by_phase=flops,
         distill_flops=sum(flops.values()) if a.distill_flops else 0.0,
+        reached=bool(end.get("met", True)),
         collapsed=a.collapsed if cut == len(a.curve) else None, rule_end=None,
         note=f"{a.arm} {how}"))
   return out

@@ -128,9 +128,13 @@ def fell_from_best(report: dict, below: float = 0.5) -> list[str]:
     final = a.get("accuracy_recover_domain" if a.get("group") == "recovery"
                   and report.get("recover_domain") else "accuracy_mean") or {}
     stopped = {c["seed"] for c in a.get("collapsed") or []}
-    for seed, b, f in zip(seeds, (a.get("best_accuracy") or {}).get("per_seed") or [],
-                          final.get("per_seed") or []):
+    # An arm read at its rule's end (report.rule_views) on a seed the rule did not end: the arm.
+    same = [name.endswith(AT_RULE) and not r for r in a.get("reached_stop_rule") or []]
+    for i, (seed, b, f) in enumerate(zip(seeds, (a.get("best_accuracy") or {}).get("per_seed")
+                                         or [], final.get("per_seed") or [])):
       b, f = stats.number(b), stats.number(f)
+      if i < len(same) and same[i]:
+        continue
       if seed not in stopped and b > 0 and f < below * b:   # nan compares False
         out.append(f"{name} on seed {seed} (best {100 * b:.1f}%, final {100 * f:.1f}%)")
   if not out:
@@ -365,17 +369,22 @@ def verdicts(report: dict) -> list[str]:
       lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
           what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point,
           _some_seeds(report, arm)))
-    # An arm run on to its cap past its stop rule is read at both ends (report.rule_views).
-    ends = ((arm, " at its cap"), (arm + AT_RULE, " where its stop rule ended it")) if (
-        arm + AT_RULE in arms) else ((arm, ""),)
-    for name, where in ends:
-      lines += _length_line(report, name, what, ref, point, where)
-    if arm + AT_RULE in arms and all("accuracy_mean" in arms[n] for n, _ in ends):
+    # An arm run on to its cap past its stop rule is read at both ends (report.rule_views);
+    # where the rule ended it on no seed, the two are one.
+    ruled = (arms.get(arm + AT_RULE) or {}).get("reached_stop_rule") or []
+    where = (" where its stop rule ended it" if all(ruled) else
+             f" where its stop rule ended it ({sum(ruled)} of {len(ruled)} seeds; the others at "
+             "their cap)")
+    ends = (((arm, " at its cap"), (arm + AT_RULE, where)) if any(ruled) else
+            ((arm, " at its cap (its stop rule ended it on no seed)" if ruled else ""),))
+    for name, at in ends:
+      lines += _length_line(report, name, what, ref, point, at)
+    if len(ends) == 2 and all("accuracy_mean" in arms[n] for n, _ in ends):
       (cap, rule), some = (arms[n]["accuracy_mean"] for n, _ in ends), _some_seeds(report, arm)
       pairs = list(zip(cap.get("per_seed") or [], rule.get("per_seed") or []))
       lines.append(
-          f"(c) {what}'s final accuracy: {_acc(cap, some)} at its cap, {_acc(rule, some)} where "
-          "its stop rule ended it" + ("" if len(pairs) < 2 or some else " (per seed: " + ", ".join(
+          f"(c) {what}'s final accuracy: {_acc(cap, some)} at its cap, {_acc(rule, some)}"
+          f"{ends[1][1]}" + ("" if len(pairs) < 2 or some else " (per seed: " + ", ".join(
               f"{100 * stats.number(c):.1f} / {100 * stats.number(r):.1f}%" for c, r in pairs)
               + ")"))
   best = [(n, arms[n]["best_accuracy"]) for n in (ref, "external_opd", "control_opd")
