@@ -152,6 +152,9 @@ def test_report_fields_and_files(study):
     assert res["curve"][-1]["step"] == 4 or res["extra"]["collapsed"], res["curve"][-1]
     assert set(end) == {"index", "step", "flops_by_phase", "met"}, end
     assert res["curve"][end["index"]]["step"] == end["step"]
+    # Its parameters then are kept where the rule ended it (`smjax export --phase <arm>@rule`).
+    kept = os.path.join(wd, "seed_0", arm, "snapshots", "rule")
+    assert os.path.isdir(kept) == end["met"], (kept, end)
     assert rep["arms"][arm + "@rule"]["flops_total"]["mean"] <= (
         rep["arms"][arm]["flops_total"]["mean"])
   assert longest("joint_grpo") <= 44 and longest("mopd") <= 44

@@ -12,6 +12,7 @@ the evaluation (its residual stream is the token embedding alone, so it is a big
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 import torch
 import transformers
 
@@ -240,6 +242,57 @@ def test_export_refuses_an_out_dir_that_is_not_an_export(toy, tmp_path):
     export_lib.export(toy["wd"], "split_merge", str(tmp_path / "o"))
   assert "holds files that are not an earlier export" in _one_line(e.value)
   assert os.listdir(tmp_path / "o") == ["notes.txt"]
+
+
+def test_the_rules_end_and_an_experts_bar_are_exported_from_their_snapshots(tmp_path):
+  """`<arm>@rule` is the run where its stop rule would have ended it (its kept snapshot, read at
+  that evaluation); where the rule never ended the run it is the run's end; `expert_<d>@<bar>`
+  is the expert's checkpoint at that bar; a snapshot never kept is a one-line error."""
+  a, b, c = (_random_params(CFG, s) for s in (2, 3, 4))
+  wd = _study_workdir(tmp_path, {"control_opd": ("control_opd", a), "external_opd":
+                                 ("external_opd", a), "expert_math": ("expert_math", a),
+                                 "joint_grpo": ("joint_grpo", b), "base": ("base", c)})
+  seed_dir = os.path.join(wd, "seed_0")
+  curve = [{"step": s, "flops": float(s), "accuracy": {"math": s / 10}, "mean": s / 10}
+           for s in (3, 6, 9)]
+  extras = {"control_opd": {"rule_end": {"index": 1, "step": 6, "met": True}},
+            "external_opd": {"rule_end": {"index": 2, "step": 9, "met": False}},
+            "expert_math": {"snapshots": {"0.9": {"step": 3, "flops": 3.0}}}}
+  for phase, extra in extras.items():
+    with open(os.path.join(seed_dir, phase, "result.json"), "w") as f:
+      json.dump({"ledger": {}, "curve": curve, "extra": extra}, f)
+  store.save_params(store.snapshot_dir(seed_dir, "control_opd", store.RULE_SNAPSHOT), b)
+  store.save_params(store.snapshot_dir(seed_dir, "expert_math", "0.9"), c)
+
+  def exported(arm):
+    out = str(tmp_path / arm.replace("@", "_at_"))
+    s = export_lib.export(wd, arm, out)
+    meta = json.load(open(os.path.join(out, export_lib.EXPORT_FILE)))
+    tensors = safetensors.numpy.load_file(os.path.join(out, "model.safetensors"))
+    return s["phase"], meta["step"], meta["accuracy"], tensors
+
+  def same(x, y):
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+  ref = {arm: exported(arm)[3] for arm in ("control_opd", "joint_grpo", "base")}
+  assert not same(ref["control_opd"], ref["joint_grpo"])
+  phase, step, acc, t = exported("control_opd@rule")
+  assert (phase, step, acc) == ("control_opd", 6, {"math": 0.6}) and same(t, ref["joint_grpo"])
+  assert exported("control_opd")[1] == 9
+  phase, step, _, t = exported("external_opd@rule")   # its rule never ended it: its end
+  assert (phase, step) == ("external_opd", 9) and same(t, ref["control_opd"])
+  phase, step, _, t = exported("expert_math@0.9")
+  assert (phase, step) == ("expert_math", 3) and same(t, ref["base"])
+  with pytest.raises(ValueError) as e:
+    export_lib.export(wd, "expert_math@0.5", str(tmp_path / "o"))
+  assert "expert_math kept no checkpoint at '0.5'; it kept 0.9" in _one_line(e.value)
+  shutil.rmtree(store.snapshot_dir(seed_dir, "control_opd", store.RULE_SNAPSHOT))
+  with pytest.raises(FileNotFoundError) as e:
+    export_lib.export(wd, "control_opd@rule", str(tmp_path / "o"))
+  assert "control_opd kept no parameters where its stop rule would have ended it" in _one_line(
+      e.value)
+  assert not (tmp_path / "o").exists()
+  assert export_lib.checkpoint_of("split_merge@0.9") == ("split_merge@0.9", None)
 
 
 def test_eval_bad_input_is_one_line(toy, tmp_path):

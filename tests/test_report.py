@@ -1191,3 +1191,29 @@ def test_mopd_is_read_under_both_flat_rules():
           "(replayed on the same runs, which stopped on one flat over 3 evaluations and 25% more "
           "of its own FLOPs)") in same["verdicts"]
   assert "Where the frontier differs" not in format_table(same)
+
+
+def test_no_two_arms_of_a_panel_are_drawn_alike(tmp_path, monkeypatch):
+  """A four-domain study with its teachers' arms draws 14 lines in one panel: past the ten
+  default colours the next arms change line style and marker, so no two labelled lines match."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib.axes import Axes  # pylint: disable=import-outside-toplevel
+  drawn, plot = [], Axes.plot
+
+  def spy(self, *args, **kw):
+    lines = plot(self, *args, **kw)
+    if kw.get("label") and kw.get("marker") == lines[0].get_marker():
+      drawn.append((kw["label"], lines[0].get_color(), lines[0].get_linestyle(),
+                    lines[0].get_marker()))
+    return lines
+
+  monkeypatch.setattr(Axes, "plot", spy)
+  base = _arms()
+  arms = base + [dataclasses.replace(base[2], arm=f"arm_{i}") for i in range(11)]
+  rep = build_report(arms, bootstrap=0)
+  write_report(rep, arms, str(tmp_path))
+  labels = [d[0] for d in drawn]
+  assert sorted(labels) == sorted(a.arm for a in arms)
+  assert len({d[1:] for d in drawn}) == len(arms) == 14
+  assert {d[2] for d in drawn} == {"-", "--"}

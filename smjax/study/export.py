@@ -13,19 +13,23 @@ phase directory of the seed; an arm's parameters are its phase's final ones,
 `WORKDIR/seed_N/<phase>/final/` (`phase_of`: the split_merge arms are the `mopd` phases, every
 other arm is the phase of its name), in the shape of the model that phase ran (`_model`:
 the external teacher's preset, in a strong-to-weak study experts.preset for base_strong,
-joint_grpo_strong and the experts, else the student's).
+joint_grpo_strong and the experts, else the student's). Two more of the checkpoints the report
+reads are kept and exported (`checkpoint_of`): `<arm>@rule`, a teachers' arm run on to its cap
+where its stop rule would have ended it (the same as `<arm>` where the rule never did, or the
+arm was ended by its rule), and `expert_<domain>@<bar>`, an expert where it first held that
+fraction of joint GRPO's gain (the checkpoint split_merge@<bar> distilled from).
 
 Written to DIR: config.json (the architecture the model's flags name: Qwen3 with qk_norm, Qwen2
 with qkv_bias, else Llama; a study on an HF model keeps its source's), model.safetensors (sharded
 past 4 GiB, with its index), generation_config.json, the tokenizer files and smjax_export.json
-(which study, seed, arm and phase, and the arm's last evaluated accuracy). A study on an HF model
-(`model.hf_path`) has its source directory's tokenizer files copied, its chat template with them
-where it has one; a toy study's char tokenizer is written as a tokenizer.json
-(smjax.models.tokenizer.char_tokenizer_files: `AutoTokenizer` gives the ids the study fed the
-model; smjax reloads it as the char tokenizer itself). The export is written beside DIR and moved
-into place (locally) or uploaded file by file with smjax_export.json last (gs://), so a directory
-holding smjax_export.json is whole; DIR may replace an earlier export, never another directory.
-Why it is built this way: docs/design.md#export-and-evaluation.
+(which study, seed, arm and phase, and the step and accuracy of the evaluation of the exported
+parameters). A study on an HF model (`model.hf_path`) has its source directory's tokenizer files
+copied, its chat template with them where it has one; a toy study's char tokenizer is written
+as a tokenizer.json (smjax.models.tokenizer.char_tokenizer_files: `AutoTokenizer` gives the ids
+the study fed the model; smjax reloads it as the char tokenizer itself). The export is written
+beside DIR and moved into place (locally) or uploaded file by file with smjax_export.json last
+(gs://), so a directory holding smjax_export.json is whole; DIR may replace an earlier export,
+never another directory. Why it is built this way: docs/design.md#export-and-evaluation.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import ml_collections as mlc
 from smjax import paths
 from smjax.checkpoint_meta import read_json
 from smjax.study.records import ARMS_FILE   # not run's: run pulls in every phase
+from smjax.study.rules import AT_RULE
 
 # Files a Hugging Face model directory may keep its tokenizer, chat template and generation
 # defaults in; those of a study's source model that exist are copied into its export.
@@ -55,6 +60,10 @@ _TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 _ARMS = re.compile(r"^(base(_strong)?|joint_grpo(_strong)?|expert_.+|split_merge(@.+)?|"
                    r"external_teacher|control_teacher|external_opd|control_opd|"
                    r"(degrade|recover_(self|external|grpo))(@.+)?)$")
+# A snapshot an arm's run kept (smjax.study.store.snapshot_dir): "<arm>@rule" for any arm,
+# "expert_<domain>@<bar>".
+_SNAPSHOT = re.compile(r"^(?P<arm>.+)(?P<at>" + re.escape(AT_RULE) + r")$|"
+                       r"^(?P<expert>expert_[^@]+)@(?P<bar>.+)$")
 # The phases that run experts.preset's model when it is set (strong-to-weak, smjax.study.run).
 _EXPERTS_MODEL = re.compile(r"^(base_strong|joint_grpo_strong|expert_.+)$")
 
@@ -65,6 +74,48 @@ def phase_of(arm: str) -> str:
   if arm == "split_merge" or arm.startswith("split_merge@"):
     return "mopd" + arm.removeprefix("split_merge")
   return arm
+
+
+def checkpoint_of(arm: str) -> tuple[str, str | None]:
+  """(the arm whose run holds `arm`'s parameters, the snapshot label they are kept under, None
+  for the run's final parameters): "external_opd@rule" -> ("external_opd", "rule"),
+  "expert_math@0.9" -> ("expert_math", "0.9"), "split_merge@0.9" -> ("split_merge@0.9", None)
+  (a run of its own)."""
+  m = _SNAPSHOT.match(arm)
+  if m is None:
+    return arm, None
+  if m["at"]:
+    return m["arm"], AT_RULE.removeprefix("@")
+  return m["expert"], m["bar"]
+
+
+def _weights(seed_dir: str, phase: str, arm: str, result: dict) -> tuple[str, dict]:
+  """(the directory of `arm`'s parameters, the curve point they were evaluated at); a one-line
+  error where a snapshot `arm` names was never kept."""
+  from smjax.study import store  # pylint: disable=import-outside-toplevel
+  curve, extra = result.get("curve") or [{}], result.get("extra") or {}
+  final = (paths.join(seed_dir, phase, "final"), curve[-1])
+  _, label = checkpoint_of(arm)
+  if label is None:
+    return final
+  if label == store.RULE_SNAPSHOT:
+    end = extra.get("rule_end")
+    # Ended by its rule (run without to_cap), or its rule never ended it: the run's end is both.
+    if not (end or {}).get("met"):
+      return final
+    kept = store.snapshot_dir(seed_dir, phase, label)
+    if not paths.exists(kept):
+      raise FileNotFoundError(
+          f"--phase {arm}: {phase} kept no parameters where its stop rule would have ended it "
+          f"(no {kept}; it ran before smjax kept them); export {phase} (its cap) or rerun it")
+    return kept, curve[min(int(end["index"]), len(curve) - 1)]
+  snaps = extra.get("snapshots") or {}
+  if label not in snaps:
+    raise ValueError(f"--phase {arm}: {phase} kept no checkpoint at {label!r}; it kept "
+                     f"{', '.join(sorted(snaps)) or 'none'} (its bars of joint GRPO's gain)")
+  step = snaps[label]["step"]
+  return (store.snapshot_dir(seed_dir, phase, label),
+          next((p for p in curve if p.get("step") == step), {"step": step}))
 
 
 def resolve(workdir: str, arm: str, seed: int) -> tuple[str, str]:
@@ -82,10 +133,12 @@ def resolve(workdir: str, arm: str, seed: int) -> tuple[str, str]:
   done = [d for d in paths.listdir(seed_dir)
           if paths.exists(paths.join(seed_dir, d, "result.json"))]
   finished = f"seed {seed} has finished {', '.join(arms or done) or 'no arm yet'}"
-  if arm not in arms and arm not in done and not _ARMS.match(arm):
+  run = checkpoint_of(arm)[0]
+  if run not in arms and run not in done and not _ARMS.match(run):
     raise ValueError(f"--phase {arm}: no such arm; expected an arm as the report names it "
-                     f"(e.g. split_merge, joint_grpo, expert_math, base): {finished}")
-  phase = phase_of(arm)
+                     f"(e.g. split_merge, joint_grpo, expert_math, external_opd@rule, base): "
+                     f"{finished}")
+  phase = phase_of(run)
   if not paths.exists(paths.join(seed_dir, phase, "result.json")):
     raise FileNotFoundError(f"--phase {arm}: its phase {phase!r} has not finished in {seed_dir} "
                             f"(no {phase}/result.json); {finished}")
@@ -180,6 +233,7 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
   _check_out(out)
   result = read_json(paths.join(seed_dir, phase, "result.json"),
                      f"delete {paths.join(seed_dir, phase)} to rerun that phase")
+  where, point = _weights(seed_dir, phase, arm, result)
   # Whether the experts were a bigger model is the phase's own config's word (the workdir's
   # config.json is the latest run's, which may have changed experts.preset since).
   if isinstance(result.get("config"), dict) and "experts" in config:
@@ -192,8 +246,7 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
   from smjax.models.transformer import init_params
   from smjax.study import store
   template = jax.eval_shape(lambda: init_params(cfg, jax.random.key(0)))
-  params = store.load_params(paths.join(seed_dir, phase, "final"), template,
-                             f"phase {phase!r} of seed {seed}")
+  params = store.load_params(where, template, f"{arm!r} of seed {seed}")
   params = jax.tree.map(np.asarray, params)
   files = _tokenizer_files(cfg, source)
   if source is not None:
@@ -202,7 +255,6 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
   else:
     gen = json.loads(files["generation_config.json"])
     extra = {k: gen[k] for k in _TOKEN_FIELDS}
-  last = (result.get("curve") or [{}])[-1]
   model = source or config.model.preset
   if phase == "external_teacher":
     model = config.external.teacher_preset
@@ -210,7 +262,7 @@ def export(workdir: str, arm: str, out: str, *, seed: int = 0) -> dict:
     model = experts_preset(config)
   meta = {"workdir": workdir, "seed": seed, "arm": arm, "phase": phase, "model": model,
           "architecture": arch, "dtype": cfg.param_dtype,
-          "accuracy": last.get("accuracy"), "step": last.get("step"), "smjax": _version()}
+          "accuracy": point.get("accuracy"), "step": point.get("step"), "smjax": _version()}
   stage = tempfile.mkdtemp(prefix="smjax-export-") if paths.is_url(out) else out + ".partial"
   try:
     if os.path.exists(stage) and not paths.is_url(out):
@@ -254,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("workdir", help="a study's --workdir (local or gs://)")
   p.add_argument("--phase", required=True, metavar="ARM",
                  help="the arm as the report names it, e.g. split_merge, joint_grpo, "
-                 "expert_math, base (or a phase directory, e.g. mopd)")
+                 "expert_math, external_opd@rule, base (or a phase directory, e.g. mopd); "
+                 "expert_<domain>@<bar>: an expert's checkpoint at that bar")
   p.add_argument("--out", required=True, metavar="DIR",
                  help="the Hugging Face directory to write (new, empty or an earlier export)")
   p.add_argument("--seed", type=int, default=0, metavar="N", help="the study seed (default 0)")

@@ -273,8 +273,9 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
   its sampler's context raised by as many tokens as the cap. `to_cap`: `stop_at` and its run-on
   do not end the run, which goes on to its cap; where they would have ended it is kept
   (extra["rule_end"]: {"index" in the curve, "step", "flops_by_phase" then, "met"}; "met"
-  false: the rule never ended it, and it is the run's end), so the report reads the arm at both
-  ends (smjax.study.report.rule_views)."""
+  false: the rule never ended it, and it is the run's end) with the parameters then
+  (store.RULE_SNAPSHOT), so the report reads the arm at both ends (smjax.study.report.rule_views)
+  and either model can be exported."""
   c = shared.config
   reads = read_fields(spec)
 
@@ -320,6 +321,9 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
       if to_cap and not rule_end:   # the point at which the rule would have ended the run
         at, last = first_hold(prog.curve, stop_at), len(prog.curve) - 1
         if at is not None and run_on_end(prog.curve, at, *run_on, offset=flops_offset) == last:
+          # Its parameters then too: `smjax export --phase <arm>@rule` (smjax.study.export).
+          store.save_params(store.snapshot_dir(workdir, phase, store.RULE_SNAPSHOT),
+                            state_.params)
           rule_end.update(index=last, step=point["step"],
                           flops_by_phase=train_flops(prog.ledger), met=True)
 

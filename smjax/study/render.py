@@ -310,6 +310,14 @@ def curve_series(arms: Sequence[ArmResult], *, recover_domain: str | None = None
   return out
 
 
+def line_style(i: int) -> tuple[str, str, str]:
+  """The i-th arm's (colour, line style, marker): the ten default colours, then again with the
+  next line style and marker, so that no two of up to 40 arms look alike (a four-domain study
+  with its teachers' arms draws 14 lines in one panel)."""
+  k = (i // 10) % 4
+  return f"C{i % 10}", ("-", "--", "-.", ":")[k], ("o", "s", "^", "D")[k]
+
+
 def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   """Held-out accuracy against cumulative training FLOPs, one line per arm and seed with its 95%
   band over prompts, and the matched target; with the self-teacher study, the degradation and
@@ -332,7 +340,7 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   if front:
     plot_frontier(axes[0], report)
     axes = axes[1:]
-  colors: dict[str, str] = {}
+  colors: dict[str, tuple[str, str, str]] = {}
   rule_ends = {(a.arm, a.seed): int(a.rule_end["index"]) for a in arms
                if a.rule_end and a.rule_end.get("met") and a.group == "main"}
   titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
@@ -343,8 +351,9 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
     for arm, seed, xs, ys, band in panel["series"]:
       # A recovery route keeps its colour at every depth of the degradation.
       key = arm if group == "main" else arm.partition("@")[0]
-      c = colors.setdefault(key, f"C{len(colors) % 10}")
-      ax.plot(xs, ys, "-o", color=c, ms=3, alpha=0.9, label=None if arm in labelled else arm)
+      c, ls, mk = colors.setdefault(key, line_style(len(colors)))
+      ax.plot(xs, ys, ls=ls, marker=mk, color=c, ms=3, alpha=0.9,
+              label=None if arm in labelled else arm)
       ax.fill_between(xs, np.subtract(ys, band), np.add(ys, band), color=c, alpha=0.15, lw=0)
       labelled.add(arm)
       at = rule_ends.get((arm, seed)) if group == "main" else None

@@ -29,6 +29,7 @@ from smjax import distributed, paths
 from smjax.checkpoint_meta import flat_fields, read_json
 from smjax.ledger import FlopLedger, is_training
 from smjax.study.config import upgrade_old_config
+from smjax.study.rules import AT_RULE
 from smjax.train.metrics import progress_bar_shown
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,14 @@ def load_params(path: str, template_params, what: str):
     mgr.close()
 
 
+# The snapshot label of a run's parameters where its stop rule would have ended it, had it not
+# run on to its cap (smjax.study.phases.rl_phase `to_cap`; the report's "<arm>@rule").
+RULE_SNAPSHOT = AT_RULE.removeprefix("@")
+
+
 def snapshot_dir(workdir: str, phase: str, label: str) -> str:
-  """Where a phase keeps the parameters it had when it first crossed mark `label`."""
+  """Where a phase keeps the parameters it had when it first crossed mark `label` (an expert's
+  bar of joint GRPO's gain, or RULE_SNAPSHOT)."""
   return paths.join(phase_dir(workdir, phase), "snapshots", label)
 
 
