@@ -685,6 +685,13 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   assert ("Fell below 50% of its best and ran on (the collapse rule asks for 0; the best checkpoint"
           " is chosen on the stop set): recover_external on seed 0 (best 50.0%, final 10.0%)"
           ) in build_report(arms + [fallen], bootstrap=0)["verdicts"]
+  # The external recovery collapsed before the target: its run ended there, and the bound the
+  # censoring gives says so (a run that collapsed would not have gone on).
+  broke = dataclasses.replace(ext, curve=_math_only([(0, .3), (5, .0)]),
+                              collapsed={"step": 2, "what": "x"})
+  assert ("(d) to recover the degraded domain: external-teacher OPD had not reached the level "
+          "when it stopped (it collapsed on seed 0 at step 2): saving ≥ -50.0%") in build_report(
+              arms + [broke], bootstrap=0)["verdicts"]
   # A page that shows the main arms elsewhere embeds claim (d)'s part alone.
   rec_md = markdown(rep2, "recovery")
   assert rec_md.startswith("*Self-teacher recovery of math") and "| joint_grpo |" not in rec_md

@@ -340,7 +340,7 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
   if front:
     plot_frontier(axes[0], report)
     axes = axes[1:]
-  colors: dict[str, tuple[str, str, str]] = {}
+  colors: dict[bool, dict[str, tuple[str, str, str]]] = {}
   rule_ends = {(a.arm, a.seed): int(a.rule_end["index"]) for a in arms
                if a.rule_end and a.rule_end.get("met") and a.group == "main"}
   titles = {"main": "Held-out accuracy vs training FLOPs", "degrade": "Degradation",
@@ -349,9 +349,11 @@ def plot_curves(arms: Sequence[ArmResult], report: dict, path) -> None:
     group, sfx = panel_name.partition("@")[0], recovery_suffix(panel_name)
     labelled = set()
     for arm, seed, xs, ys, band in panel["series"]:
-      # A recovery route keeps its colour at every depth of the degradation.
+      # A recovery route keeps its colour at every depth of the degradation; the recovery
+      # panels number their few arms apart from the main panel's many.
       key = arm if group == "main" else arm.partition("@")[0]
-      c, ls, mk = colors.setdefault(key, line_style(len(colors)))
+      styles = colors.setdefault(group == "main", {})
+      c, ls, mk = styles.setdefault(key, line_style(len(styles)))
       ax.plot(xs, ys, ls=ls, marker=mk, color=c, ms=3, alpha=0.9,
               label=None if arm in labelled else arm)
       ax.fill_between(xs, np.subtract(ys, band), np.add(ys, band), color=c, alpha=0.15, lw=0)

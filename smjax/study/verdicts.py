@@ -167,14 +167,25 @@ def _times(s: dict) -> str:
   return f" ({f(m)}x{ci} fewer)"
 
 
+def _fell(arm: dict) -> str:
+  """" (it collapsed on seed 0 at step 31)" for a report arm whose run collapsed (its curve ends
+  there, so a level it had not reached is censored at the collapse); "" otherwise."""
+  c = arm.get("collapsed") or []
+  return (" (it collapsed on " + "; ".join(f"seed {x['seed']} at step {x['step']}" for x in c)
+          + ")") if c else ""
+
+
 def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
-                 point: bool = False, some: str = "", times: bool = False) -> str:
+                 point: bool = False, some: str = "", times: bool = False,
+                 fell: tuple[str, str] = ("", "")) -> str:
   """A saving's verdict: cheaper, dearer, not distinguishable, or (censored: the arm had not
   reached the level when it stopped, `flops` its FLOPs then; or the reference had not, so the
   saving is at least this) a bound, with seed agreement.
   `point`: the report has no intervals, so the point estimate's sign is stated as it is.
   `some`: the arm has run on some seeds only (`_some_seeds`): their values, no summary.
-  `times`: a clear saving also as the factor by which the FLOPs shrink (claim (d)'s unit)."""
+  `times`: a clear saving also as the factor by which the FLOPs shrink (claim (d)'s unit).
+  `fell`: (`_fell` of the arm, of the reference): said of the censored one, whose bound then
+  stands where its run collapsed, not where it could have gone on."""
   side, bound = _side(s), int(s.get("bound") or 0)
   if some:
     return (f"{what} vs {against}, on {some}: saving "
@@ -192,13 +203,14 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
   if bound < 0:
     at = f" ({_flops(flops)} FLOPs)" if flops else ""
     if stats.number(s.get("mean")) < 0:
-      return (f"{what} had not reached the level when it stopped{at}: it needs "
+      return (f"{what} had not reached the level when it stopped{at}{fell[0]}: it needs "
               f"{_pct(s, negate=True)} more FLOPs than {against}")
-    return f"{what} had not reached the level when it stopped{at}: saving {_pct(s)}"
+    return f"{what} had not reached the level when it stopped{at}{fell[0]}: saving {_pct(s)}"
   if bound > 0:   # the reference was censored: the saving is at least this
     m = stats.number(s.get("mean"))
     at_least = f" (≥ {1 / (1 - m):.1f}x fewer FLOPs)" if times and 0 < m < 1 else ""
-    return (f"{against} had not reached the level when it stopped: saving {_pct(s)}" + at_least
+    return (f"{against} had not reached the level when it stopped{fell[1]}: saving {_pct(s)}"
+            + at_least
             + _agree(s, 0))
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
 
@@ -368,7 +380,7 @@ def verdicts(report: dict) -> list[str]:
     if "saving_at_target" in ext:
       lines.append(f"(c) to {100 * level:.0f}% of {ref}'s gain: " + _saving_line(
           what, ext["saving_at_target"], ref, ext.get("flops_to_target"), point,
-          _some_seeds(report, arm)))
+          _some_seeds(report, arm), fell=(_fell(ext), _fell(arms.get(ref, {})))))
     # An arm run on to its cap past its stop rule is read at both ends (report.rule_views);
     # where the rule ended it on no seed, the two are one.
     ruled = (arms.get(arm + AT_RULE) or {}).get("reached_stop_rule") or []
@@ -400,11 +412,12 @@ def verdicts(report: dict) -> list[str]:
     if "saving_at_target" in rs and rg:
       lines.append(head + _saving_line(
           "self-teacher OPD", rs["saving_at_target"], "GRPO", rs.get("flops_to_target"), point,
-          times=True))
+          times=True, fell=(_fell(rs), _fell(rg))))
     if "saving_vs_external" in rs:   # "cut distillation FLOPs": against the other teacher too
       lines.append(head + _saving_line(
           "self-teacher OPD", rs["saving_vs_external"], "external-teacher OPD",
-          rs.get("flops_to_target"), point, times=True))
+          rs.get("flops_to_target"), point, times=True,
+          fell=(_fell(rs), _fell(arms.get("recover_external" + sfx, {})))))
   fell = [collapse_text(name, c) for name, arm in arms.items() for c in arm.get("collapsed") or []]
   if fell:   # an outcome of its route: the arm's curve ends at the collapse
     fell = ["Collapsed (the run ended there; its route is charged up to it): " + "; ".join(fell)]
