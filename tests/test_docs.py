@@ -42,8 +42,9 @@ def test_generated_blocks_match_their_reports(page, monkeypatch):
   monkeypatch.chdir(ROOT)  # the blocks name their reports relative to the repository root
   text = _read(page)
   for src in re.findall(re.escape(render.GENERATED).replace(r"\{src\}", r"(\S+)"), text):
-    path = src.partition("#")[0]   # "report.json#recovery": a part of that report
-    assert os.path.exists(path), f"{page}: a generated block names {path}, which does not exist"
+    # "report.json#recovery": a part of that report; "a.json,b.json#claims": several reports
+    for path in src.partition("#")[0].split(","):
+      assert os.path.exists(path), f"{page}: a generated block names {path}, which does not exist"
   assert render.update_docs(text) == text, (
       f"{page} differs from its reports; run `python -m smjax.study.render --update-docs "
       f"{page}` and commit the result")

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import os
+import re
 import types
 
 import numpy as np
@@ -1224,3 +1225,26 @@ def test_no_two_arms_of_a_panel_are_drawn_alike(tmp_path, monkeypatch):
   assert sorted(labels) == sorted(a.arm for a in arms)
   assert len({d[1:] for d in drawn}) == len(arms) == 14
   assert {d[2] for d in drawn} == {"-", "--"}
+
+
+def test_the_claims_block_lists_each_claims_verdicts_across_reports():
+  """docs/study.md's "Where each claim stands": per claim, each report's lines that measure it,
+  (a) on the reference's gain only, (d) with its degradation; a claim none measures says so."""
+  from smjax.study.render import claims_markdown  # pylint: disable=import-outside-toplevel
+  two = {"seeds": [0, 1, 2, 3, 4], "interval": "seeds", "reference_arm": "joint_grpo",
+         "verdicts": ["(a) at 90% of joint_grpo's gain (mean over domains): A",
+                      "(a) at 90% of the better route's gain (mean over domains): B",
+                      "(b) distillation cost C", "Intervals: x"]}
+  one = {"seeds": [0], "interval": "prompts", "reference_arm": "joint_grpo",
+         "verdicts": ["(d) the degradation (D)", "(d) to recover the degraded domain: E",
+                      "Collapsed (F)"]}
+  md = claims_markdown([("two", two), ("one", one)])
+  blocks = {b[2:5]: b for b in re.split(r"\n\n(?=\*\*\()", md.strip())}
+  assert list(blocks) == ["(a)", "(b)", "(c)", "(d)"]
+  assert "- `two` (seeds 0-4; t intervals over seeds):\n  - at 90% of joint_grpo's gain (mean " \
+         "over domains): A" in blocks["(a)"] and "B" not in blocks["(a)"]
+  assert "`one`" not in blocks["(a)"] and "  - distillation cost C" in blocks["(b)"]
+  assert blocks["(c)"].endswith("- not measured by these studies yet")
+  assert ("- `one` (seed 0 only; intervals over prompts, evaluation noise only):\n"
+          "  - the degradation (D)\n  - to recover the degraded domain: E") in blocks["(d)"]
+  assert "Collapsed" not in md and "Intervals" not in md
