@@ -266,9 +266,8 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 def decode_completions(tokenizer, result: RolloutResult) -> list[str]:
   """Completion texts (up to and excluding EOS) of every row."""
   toks = np.asarray(result.completion_BC)
-  mask = np.asarray(result.completion_mask_BC)
-  return [tokenizer.decode([int(t) for t, m in zip(row, mrow) if m])
-          for row, mrow in zip(toks, mask)]
+  mask = np.asarray(result.completion_mask_BC, bool)
+  return [tokenizer.decode(row[mrow].tolist()) for row, mrow in zip(toks, mask)]
 
 
 def sft_batch(tokenizer, prompts: Sequence, targets: Sequence[str], *,

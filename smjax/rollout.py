@@ -194,6 +194,19 @@ class Sampler:
       prompt_buckets.append(cfg.max_seq_len)
     self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
     self._batch_shards = 1 if mesh is None else int(np.prod([mesh.shape[a] for a in shd.BATCH_AXES]))
+    self._shapes: dict = {}   # `_eval_shape`'s answers, per argument shapes
+
+  def _eval_shape(self, fn, tree, **kw):
+    """jax.eval_shape of `fn(tree, **kw)`, traced once per argument shapes: the ledger's abstract
+    decode arguments are the same for every call of one batch shape (an evaluation makes tens of
+    calls, each of which traced them again)."""
+    leaves, treedef = jax.tree.flatten(tree)
+    key = (fn, treedef, tuple(sorted(kw.items())),
+           tuple((getattr(x, "shape", None), getattr(x, "dtype", type(x)),
+                  getattr(x, "sharding", None)) for x in leaves))
+    if key not in self._shapes:
+      self._shapes[key] = jax.eval_shape(functools.partial(fn, **kw), tree)
+    return self._shapes[key]
 
   def _place(self, x, batched: bool):
     if self.mesh is None:
@@ -273,7 +286,7 @@ class Sampler:
     stages = decode_stages(length, C, self.stages)
     prefill_kwargs = dict(static, max_new_tokens=C, num_samples=G, cache_len=stages[0][1])
     state = prefill(*prefill_args, **prefill_kwargs)
-    step_params = jax.eval_shape(functools.partial(decode_params, mesh=self.mesh), params)
+    step_params = self._eval_shape(decode_params, params, mesh=self.mesh)
     state_struct = jax.tree.map(shape_struct, state)
     loop = decode_loop if len(stages) == 1 else decode_loop_growing
     state = loop(params, state.replace(cache=None), state.cache, sp, stages=stages, **static)
@@ -290,7 +303,7 @@ class Sampler:
     for (a, end), (_, cache_len), useful in zip(stage_ts, stages, useful_decode):
       ran = max(0, min(end, t_final) - a)
       if ran or a == 1:  # the first stage is recorded even when no step ran
-        grown = jax.eval_shape(functools.partial(grow_cache, cache_len=cache_len), state_struct)
+        grown = self._eval_shape(grow_cache, state_struct, cache_len=cache_len)
         step_args = (step_params,) + jax.tree.map(shape_struct, (grown, sp))
         calls.append(ProgramCall("rollout/decode", decode_step_jit, step_args, dict(static),
                                  calls=ran, useful=useful, count_only=True))

@@ -135,6 +135,10 @@ def test_tokenizers_share_an_interface(tmp_path):
   c = CharTokenizer()
   assert c.decode(c.encode("12+35=47\n") + [c.eos_id] + c.encode("zz")) == "12+35=47\n"
   assert max(c.encode("~ \n")) < c.vocab_size
+  # Pad and BOS decode to nothing; an id past the characters (the model may sample one of the
+  # padded vocabulary's) or a negative one to U+FFFD; numpy ids as Python ones.
+  ids = [c.bos_id, *c.encode("7"), c.pad_id, 120, -1, *c.encode("x"), c.eos_id, 5]
+  assert c.decode(ids) == c.decode(np.asarray(ids)) == c.decode(tuple(ids)) == "7\ufffd\ufffdx"
   with pytest.raises(ValueError, match="cannot encode character"):
     c.encode("é")
 

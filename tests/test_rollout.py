@@ -305,6 +305,17 @@ def test_deterministic_per_key_and_no_recompile(tiny):
                    stop_sequences=[[1, 2, 3]])
   ro.Sampler(cfg, eos_id=3, **TINY_RUN).generate(params, other, jax.random.key(3), num_samples=G)
   assert (dec.prefill._cache_size(), dec.decode_loop._cache_size()) == sizes
+  # The ledger's abstract decode arguments, traced once per argument shapes (Sampler._eval_shape),
+  # are those a fresh sampler traces, at this batch and at another.
+  shapes = lambda r: [jax.tree.map(lambda x: (x.shape, x.dtype), c.args)  # noqa: E731
+                      for c in r.program_calls]
+  fresh = lambda g: ro.Sampler(cfg, eos_id=None, **TINY_RUN).generate(  # noqa: E731
+      params, prompts, jax.random.key(1), num_samples=g)
+  assert shapes(a) == shapes(b) == shapes(fresh(G))
+  kept = len(sampler._shapes)   # pylint: disable=protected-access
+  half = sampler.generate(params, prompts, jax.random.key(1), num_samples=G // 2)
+  assert shapes(half) == shapes(fresh(G // 2)) != shapes(a)
+  assert len(sampler._shapes) > kept   # pylint: disable=protected-access
 
 
 def _hand_forward_flops(cfg, *, tokens, context, logit_tokens=None):

@@ -43,6 +43,11 @@ class CharTokenizer:
   def __init__(self):
     self._to_id = {ch: i + len(_SPECIALS) for i, ch in enumerate(_CHARS)}
     self._to_ch = {i: ch for ch, i in self._to_id.items()}
+    # decode's table: id -> text (pad and BOS: nothing; an id past the characters: U+FFFD).
+    self._text = ["\ufffd"] * self.vocab_size
+    for i, ch in self._to_ch.items():
+      self._text[i] = ch
+    self._text[self.pad_id] = self._text[self.bos_id] = ""
 
   def encode(self, text: str) -> list[int]:
     try:
@@ -58,15 +63,11 @@ class CharTokenizer:
     Ids past the character table (the vocabulary is padded to 128) decode to U+FFFD: a model may
     sample them, and a verifier must see a wrong answer, not an exception.
     """
-    out = []
-    for i in ids:
-      i = int(i)
-      if i == self.eos_id:
-        break
-      if i in (self.pad_id, self.bos_id):
-        continue
-      out.append(self._to_ch.get(i, "\ufffd"))
-    return "".join(out)
+    ids = [int(i) for i in ids] if not isinstance(ids, list) else ids
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    text, n = self._text, len(self._text)
+    return "".join([text[i] if 0 <= i < n else "\ufffd" for i in ids])
 
 
 class HFTokenizer:
