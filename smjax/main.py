@@ -272,8 +272,10 @@ def disk_full_path(e: BaseException) -> str | None:
   return re.sub(r"/[^/]*\.orbax-checkpoint-tmp.*$", "", name)
 
 
-def user_error(e: BaseException) -> str | None:
-  """The one-line message for an error the user can fix from the command line; None otherwise."""
+def user_error(e: BaseException, workdir: str | None = None) -> str | None:
+  """The one-line message for an error the user can fix from the command line; None otherwise.
+  `workdir`: the run's, named where a full disk's error names no file (a write to an open file,
+  the first to fail of several threads' writes)."""
   from smjax.checkpoint import (  # pylint: disable=import-outside-toplevel
       ConfigMismatchError, CorruptCheckpointError)
   from smjax.domains.base import MissingExtraError  # pylint: disable=import-outside-toplevel
@@ -296,8 +298,9 @@ def user_error(e: BaseException) -> str | None:
     return msg
   full = disk_full_path(e)
   if full is not None:
-    return f"disk full (no space left on device) writing {full or 'the workdir'}: free space " \
-           "or give a --workdir on another disk"
+    where = full or (f"in {workdir}" if workdir else "the workdir")
+    return f"disk full (no space left on device) writing {where}: free space or give a " \
+           "--workdir on another disk"
   if isinstance(e, (CorruptCheckpointError, CollapseError, FloatingPointError)):
     return _one_line(e)   # a run's guards (smjax.train.guards) name the phase, step and fix
   if isinstance(e, OSError) and e.errno == errno.EROFS:
@@ -376,8 +379,8 @@ def main(argv):
   print(tensorboard_hint(_WORKDIR.value))
 
 
-def _fail(e: BaseException, debug: bool) -> None:
-  msg = None if debug else user_error(e)
+def _fail(e: BaseException, debug: bool, workdir: str | None = None) -> None:
+  msg = None if debug else user_error(e, workdir)
   if msg is None:
     raise e
   print(f"smjax: error: {msg}", file=sys.stderr)
@@ -420,7 +423,7 @@ def run(argv: list[str] | None = None):
       sys.exit(0)
     raise
   except Exception as e:  # pylint: disable=broad-except
-    _fail(e, debug)
+    _fail(e, debug, flags.FLAGS["workdir"].value if flags.FLAGS.is_parsed() else None)
 
 
 def _subcommand(name: str, module: str, argv: list[str]) -> None:
