@@ -426,6 +426,11 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   # Written a moment ago: running.
   os.utime(seed / "expert_math" / "logs" / "metrics.jsonl", (now - 5, now - 5))
   assert any(ln.split()[:2] == ["running", "expert_math"] for ln in status(str(cell), now))
+  # Written "after" now (a time a hair past the clock's, or a bucket's clock ahead of this
+  # machine's): "0 s ago", not "-0 s ago" or "-5 s ago".
+  os.utime(seed / "expert_math" / "logs" / "metrics.jsonl", (now + 5, now + 5))
+  assert any(ln.split()[:2] == ["running", "expert_math"] and "wrote 0 s ago" in ln
+             for ln in status(str(cell), now))
   # A seed whose process failed: its log's last line, the one-line error.
   (cell / "seed_0.log").write_text("phase base: done\nsmjax: error: seed_0/base/result.json: "
                                    "not valid JSON\n")

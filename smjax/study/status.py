@@ -47,6 +47,9 @@ def _cap(config: dict, phase: str) -> int | None:
 
 
 def _ago(seconds: float) -> str:
+  # A file written this instant can carry a modification time a hair past the clock's now (a
+  # bucket's clock, more than a hair).
+  seconds = max(0.0, seconds)
   if seconds < 120:
     return f"{seconds:.0f} s ago"
   if seconds < 7200:
