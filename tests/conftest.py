@@ -1,16 +1,19 @@
 """Shared pytest setup: tests import helpers from this folder; jax stays on the CPU.
 
-The suite is mostly XLA compiling on two cores, so every process it starts compiles with LLVM's
-expensive passes off (`FAST_XLA_FLAGS`, about 30 % less wall time for compile-bound tests). The
-HLO programs, and so every FLOP count, are the same; a test only compares numbers with a
-reference or with another process of the suite, never with a run outside it. Subprocess tests add
-their own flags to `os.environ["XLA_FLAGS"]` (e.g. the fake device count).
+The suite is mostly XLA compiling on two cores, so every process it starts compiles faster than a
+run does (`FAST_XLA_FLAGS`): LLVM's expensive passes off (about 30 % less wall time for
+compile-bound tests; the HLO programs are the same) and XLA:CPU's older fusion emitters (about
+25 % less again; the HLO passes differ a little, so a FLOP count can differ from a run's in the
+fourth digit). A test only compares numbers with a reference or with another process of the
+suite, never with a run outside it. Subprocess tests add their own flags to
+`os.environ["XLA_FLAGS"]` (e.g. the fake device count).
 """
 
 import os
 import sys
 
-FAST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
+                  "--xla_cpu_use_fusion_emitters=false")
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = f"{FAST_XLA_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
@@ -31,3 +34,4 @@ SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_st
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(SLOW_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+

@@ -145,9 +145,8 @@ def results(tmp_path_factory):
   procs = []
   for pid in range(2):
     env = dict(os.environ, JAX_PLATFORMS="cpu", SMJAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-               SMJAX_NUM_PROCESSES="2", SMJAX_PROCESS_ID=str(pid),
-               XLA_FLAGS="--xla_backend_optimization_level=0 "
-                         "--xla_llvm_disable_expensive_passes=true")
+               SMJAX_NUM_PROCESSES="2", SMJAX_PROCESS_ID=str(pid))
+    # XLA_FLAGS: the suite's fast-compile flags (conftest.py), no fake devices
     procs.append(subprocess.Popen([sys.executable, __file__, str(out)], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
   logs = []

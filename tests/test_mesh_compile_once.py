@@ -138,8 +138,7 @@ def _spec(sharding) -> list:
 def runs(tmp_path_factory):
   """{"mesh": info, "single": info}: both subprocesses, run side by side."""
   tmp = tmp_path_factory.mktemp("compile_once")
-  # The LLVM flags cut compile time; the programs and their numbers are the same.
-  fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+  fast = os.environ["XLA_FLAGS"]   # the suite's fast-compile flags (conftest.py)
   jobs = {"mesh": (f"--xla_force_host_platform_device_count=8 {fast}", MESH),
           "single": (fast, {})}
   procs = {}
