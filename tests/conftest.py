@@ -34,4 +34,3 @@ SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_st
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(SLOW_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
-
