@@ -132,14 +132,13 @@ def test_a_count_only_program_counts_what_the_optimised_compile_counts():
   decode = [c for c in res.program_calls if c.phase == "rollout/decode"]
   assert len(decode) == 1 and decode[0].count_only
   optimised = {"xla_backend_optimization_level": 3, "xla_llvm_disable_expensive_passes": False}
-  count_only = dict(flops_lib.COUNT_ONLY_CPU_OPTIONS)
   for c in decode:
     lowered = flops_lib._lower(c.fn, c.args, c.kwargs)  # pylint: disable=protected-access
     count = lambda options: flops_lib.executable_flops(lowered.compile(compiler_options=options))[0]
     assert c.flops_per_call() == count(optimised) > 0
     # ...and with a run's fusion emitters (the suite's flags turn them off, conftest.py).
     run = {"xla_cpu_use_fusion_emitters": True}
-    assert count(dict(count_only, **run)) == count(dict(optimised, **run)) > 0
+    assert count(dict(flops_lib.COUNT_ONLY_CPU_OPTIONS, **run)) == count(dict(optimised, **run)) > 0
 
 def test_pallas_interpret_mode_counts_the_interpreter_not_the_cost_estimate():
   def kernel(x_ref, y_ref, o_ref):
