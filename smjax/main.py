@@ -272,14 +272,26 @@ def disk_full_path(e: BaseException) -> str | None:
   return re.sub(r"/[^/]*\.orbax-checkpoint-tmp.*$", "", name)
 
 
+class _NeverRaised(Exception):
+  """Stands for an error class whose module was never imported: nothing raised one."""
+
+
+def _loaded(module: str, *names: str) -> tuple[type, ...]:
+  """The exception classes `names` of `module` where it has been imported, else _NeverRaised: an
+  error of a module that never loaded cannot have been raised, and importing it (smjax.checkpoint:
+  jax, orbax) only to compare would cost a refused command line seconds."""
+  loaded = sys.modules.get(module)
+  return tuple(getattr(loaded, n) if loaded else _NeverRaised for n in names)
+
+
 def user_error(e: BaseException, workdir: str | None = None) -> str | None:
   """The one-line message for an error the user can fix from the command line; None otherwise.
   `workdir`: the run's, named where a full disk's error names no file (a write to an open file,
   the first to fail of several threads' writes)."""
-  from smjax.checkpoint import (  # pylint: disable=import-outside-toplevel
-      ConfigMismatchError, CorruptCheckpointError)
-  from smjax.domains.base import MissingExtraError  # pylint: disable=import-outside-toplevel
-  from smjax.train.guards import CollapseError  # pylint: disable=import-outside-toplevel
+  ConfigMismatchError, CorruptCheckpointError = _loaded(  # pylint: disable=invalid-name
+      "smjax.checkpoint", "ConfigMismatchError", "CorruptCheckpointError")
+  (MissingExtraError,) = _loaded("smjax.domains.base", "MissingExtraError")  # noqa: N806
+  (CollapseError,) = _loaded("smjax.train.guards", "CollapseError")  # noqa: N806
   if isinstance(e, MissingExtraError):
     return _one_line(e)   # names the extra to install
   if isinstance(e, flags.Error):
@@ -353,6 +365,10 @@ def _no_field(e: BaseException, argv: list[str]) -> str:
 
 def main(argv):
   _check_usage(argv)
+  # Every config value first (run_study checks them again): a bad one is refused before the
+  # workdir, its log or the heavy imports (jax, orbax, scipy) are made.
+  from smjax.study.config import validate  # pylint: disable=import-outside-toplevel
+  validate(_CONFIG.value)
   verbose = _env_on("SMJAX_VERBOSE") or absl_logging.get_verbosity() >= 1
   created = "://" not in _WORKDIR.value and not os.path.exists(_WORKDIR.value)
   log_path = setup_logging(_WORKDIR.value, verbose)

@@ -306,7 +306,7 @@ def validate(c: mlc.ConfigDict) -> None:
                 "rl.prompts_per_step", "rl.samples_per_prompt", "rl.max_new_tokens",
                 "opd.prompts_per_step", "opd.samples_per_prompt", "heldout_size",
                 "eval.samples", "eval.batch_size", "opd.eval_refine", "joint.eval_refine",
-                "experts.eval_refine", "report.bootstrap"):
+                "experts.eval_refine", "report.bootstrap", "log_every"):
     sect, _, key = field.partition(".")
     value = c[sect][key] if key else c[sect]
     if int(value) < 1:
