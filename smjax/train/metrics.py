@@ -20,12 +20,35 @@ import io
 import json
 import math
 import sys
+import threading
 import time
 from typing import Any, Mapping
 
 import numpy as np
 
 from smjax import distributed, paths
+
+
+_IMPORT_LOCK = threading.Lock()
+
+
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported without torch. tensorboardX imports torch wherever it
+  is installed, only so that it can take torch tensors (a writer here is given floats and
+  strings); that import costs a run about 2 s and a few hundred MB. While tensorboardX loads,
+  `import torch` fails as if torch were absent (tensorboardX falls back to numpy); a process
+  that has imported torch already keeps it, and torch imports as usual afterwards."""
+  with _IMPORT_LOCK:
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      return SummaryWriter
+    sys.modules["torch"] = None   # type: ignore[assignment]  # `import torch`: ImportError
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+    finally:
+      if "torch" in sys.modules and sys.modules["torch"] is None:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 class MetricsWriter:
@@ -53,7 +76,7 @@ class MetricsWriter:
     else:
       self._jsonl = paths.open_append(self.path)
     if tensorboard:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      SummaryWriter = _summary_writer_class()  # pylint: disable=invalid-name
       if self._remote:
         _register_tensorboard_scheme(logdir)
       self._tb = SummaryWriter(logdir, flush_secs=flush_secs)
