@@ -29,6 +29,7 @@ slower than the same FLOPs as 2-D matmuls (docs/performance.md).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -412,10 +413,19 @@ def fuse_for_decode(params):
   return out
 
 
+@functools.lru_cache(maxsize=None)
+def _jitted_init(cfg: ModelConfig):
+  def init(rng):
+    return Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32),
+                                 jnp.zeros((1, 1), jnp.int32))["params"]
+  return jax.jit(init)
+
+
 def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False):
-  """Parameters on the default device (tests and the toy study; sharded init is in sharding.py)."""
-  variables = Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32))
-  params = variables["params"]
+  """Parameters on the default device (tests and the toy study; sharded init is in sharding.py).
+  One jitted program per config: op by op, the init's forward pass would compile and dispatch a
+  hundred small programs (about a second of a short run's start on a CPU)."""
+  params = _jitted_init(cfg)(rng)
   return params if boxed else nn.unbox(params)
 
 
