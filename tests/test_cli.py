@@ -13,15 +13,18 @@ import sys
 
 import pytest
 
+from study_runs import study_compilation_cache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, SMJAX_CPU_MALLOC="glibc", JAX_PLATFORMS="cpu")
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _compilation_cache(tmp_path_factory):
-  """The runs of this module share one persistent compilation cache: most of them compile the
-  same small study's programs (XLA_FLAGS: the suite's, conftest.py)."""
-  ENV.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+  """The runs of this module share the suite's study compilation cache (study_runs): the base
+  and joint GRPO they run sample as test_experiment's miniature study does, so most of their
+  programs are found there compiled (XLA_FLAGS: the suite's, conftest.py)."""
+  ENV.update(JAX_COMPILATION_CACHE_DIR=str(study_compilation_cache(tmp_path_factory)),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
 
@@ -222,8 +225,11 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
 
 
 # A base phase of a few steps on a small held-out set: seconds, and it writes checkpoints.
+# Its evaluations and rollouts hold 4 prompts x 2 samples, as test_experiment's MINI does.
 _QUICK_BASE = ("--config.phases=('base',)", "--config.base.steps=5", "--config.band.check=False",
-               "--config.heldout_size=16", "--config.stop_size=16", "--config.eval.samples=1",
+               "--config.heldout_size=16", "--config.stop_size=16", "--config.eval.samples=2",
+               "--config.eval.batch_size=4", "--config.rl.prompts_per_step=4",
+               "--config.rl.samples_per_prompt=2",
                "--config.progress=False")
 
 

@@ -23,15 +23,19 @@ MINI = [
     "--config=configs/study.py:two_domain,demo",
     "--config.seeds=(0,)", "--config.progress=False", "--config.heldout_size=16",
     "--config.stop_size=16",
-    "--config.eval.batch_size=16", "--config.eval.points=3", "--config.base.steps=20",
+    "--config.eval.batch_size=4", "--config.eval.points=3", "--config.base.steps=20",
     "--config.joint.steps=6", "--config.experts.steps=6", "--config.mopd.steps=6",
     "--config.external.teacher_sft_steps=4", "--config.external.steps=4",
     "--config.rl.prompts_per_step=4", "--config.opd.prompts_per_step=4",
-    "--config.rl.samples_per_prompt=4", "--config.opd.samples_per_prompt=4",
-    # Every phase samples 16 rows a step, the experts at joint GRPO's batch (not the per-domain
-    # default, which test_parallel_phases runs): their programs are joint GRPO's, found in the
-    # compilation cache, not compiled again (about 30 s of this compile-bound study).
+    "--config.rl.samples_per_prompt=2", "--config.opd.samples_per_prompt=2",
+    # Every sampler call holds 8 rows (4 prompts x 2 samples, rollouts and evaluations alike),
+    # the experts at joint GRPO's batch (not the per-domain default, which test_parallel_phases
+    # runs): their programs are joint GRPO's, found in the compilation cache, not compiled again.
     "--config.experts.prompts_per_step=4",
+    # Padded steps: one step program per phase. A packed stream's length is bucketed, so a
+    # packed phase compiles a step program per bucket it meets (a few per phase in 6 steps);
+    # test_packed_completions runs joint GRPO and MOPD packed and compares.
+    "--config.rl.pack_completions=False", "--config.opd.pack_completions=False",
     "--config.checkpoint_every=2", "--config.band.check=False", "--config.eval.samples=2",
     # Sampled accuracy only: a greedy pass doubles the sampler programs every phase compiles
     # (the greedy fields are checked in test_study_hf and test_report).
@@ -331,37 +335,38 @@ def _log_rows(wd, phase):
 
 
 def test_packed_completions_take_the_same_steps_with_fewer_flops(study, cache, tmp_path):
-  """rl.pack_completions / opd.pack_completions (on in the study above): the joint GRPO and MOPD
-  steps on the packed stream (smjax.batch.pack, its plan checked on the host). Run padded from the
+  """rl.pack_completions / opd.pack_completions (off in the study above): the joint GRPO and MOPD
+  steps on the packed stream (smjax.batch.pack, its plan checked on the host). Run packed from the
   same base, the first step samples the same rollout and takes the same update; the policy's
-  training FLOPs are more."""
+  training FLOPs are fewer."""
   wd, _ = study
-  padded_wd = tmp_path / "padded"
-  # Each padded phase runs from the fixture's own inputs: joint GRPO from its base (which reads
+  packed_wd = tmp_path / "packed"
+  # Each packed phase runs from the fixture's own inputs: joint GRPO from its base (which reads
   # no rl.* field), MOPD from its base, joint GRPO and experts (which read no opd.* field), so
   # that only the two phases compared run again.
   for phase in ("base", "joint_grpo", "expert_math", "expert_code"):
-    shutil.copytree(os.path.join(wd, "seed_0", phase), padded_wd / "seed_0" / phase)
-  shutil.copy(os.path.join(wd, "seed_0", "eval_interval.json"), padded_wd / "seed_0")
-  args = [a for a in MINI if not a.startswith("--config.phases")]
+    shutil.copytree(os.path.join(wd, "seed_0", phase), packed_wd / "seed_0" / phase)
+  shutil.copy(os.path.join(wd, "seed_0", "eval_interval.json"), packed_wd / "seed_0")
+  args = [a for a in MINI if not a.startswith(("--config.phases", "--config.rl.pack_completions",
+                                               "--config.opd.pack_completions"))]
   r = _main(args + ["--config.phases=('base','joint','experts','mopd')",
-                    "--config.opd.pack_completions=False"], padded_wd, cache, timeout=900)
+                    "--config.rl.pack_completions=False"], packed_wd, cache, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  shutil.rmtree(padded_wd / "seed_0" / "joint_grpo")   # then joint GRPO padded, from the base
-  r = _main(args + ["--config.phases=('base','joint')", "--config.rl.pack_completions=False"],
-            padded_wd, cache, timeout=900)
+  shutil.rmtree(packed_wd / "seed_0" / "joint_grpo")   # then joint GRPO packed, from the base
+  r = _main(args + ["--config.phases=('base','joint')", "--config.opd.pack_completions=False"],
+            packed_wd, cache, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   for phase in ("joint_grpo", "mopd"):
-    padded, packed = _log_rows(padded_wd, phase)[0], _log_rows(wd, phase)[0]
+    packed, padded = _log_rows(packed_wd, phase)[0], _log_rows(wd, phase)[0]
     assert packed["finite"] == padded["finite"] == 1
     for key in ("loss", "grad_norm", "reward/mean", "response_length"):
       assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (phase, key)
-    f_padded = phase_result(padded_wd, phase)["ledger"]["flops"]["train/policy"]
-    f_packed = phase_result(wd, phase)["ledger"]["flops"]["train/policy"]
+    f_padded = phase_result(wd, phase)["ledger"]["flops"]["train/policy"]
+    f_packed = phase_result(packed_wd, phase)["ledger"]["flops"]["train/policy"]
     assert f_packed < 0.95 * f_padded, (phase, f_packed, f_padded)
   # MOPD's teachers score the packed rows too.
   teacher = lambda d: phase_result(d, "mopd")["ledger"]["flops"]["train/teacher"]  # noqa: E731
-  assert teacher(wd) < 0.95 * teacher(padded_wd)
+  assert teacher(packed_wd) < 0.95 * teacher(wd)
 
 
 def test_finished_phases_are_not_run_again(study, cache):
