@@ -70,7 +70,16 @@ def test_a_guard_in_a_thread_follows_the_main_threads():
   assert errors and "main thread to hold a guard" in errors[0]
 
 
-def test_ctrl_c_stops_the_phases_in_threads_at_their_next_step():
+@pytest.fixture
+def python_ctrl_c():
+  """Python's own Ctrl-C handler for the test, whatever this process inherited: a suite started
+  in the background of a non-interactive shell (`cmd &`) starts with SIGINT ignored."""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  yield
+  signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_the_phases_in_threads_at_their_next_step(python_ctrl_c):
   """Only the main thread gets KeyboardInterrupt: the threads' loops see it through the guard,
   stop (as at SIGTERM, saved), and the interrupt is raised once they have."""
   stopped = []
