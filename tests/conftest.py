@@ -22,8 +22,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 # The modules that take longest (`make test` runs them with `--durations`), first: pytest-xdist
 # hands out whole modules (--dist loadfile) in collection order (--no-loadscope-reorder), so
 # the long ones start at once on the two workers and the short ones fill in behind them,
-# instead of a long one starting last and running alone.
-SLOW_FIRST = ("test_experiment.py", "test_notebooks.py", "test_cli.py", "test_study_hf.py",
+# instead of a long one starting last and running alone. The notebooks come after test_cli, so
+# that the quickstart's small study finds the miniature study's programs in their shared
+# compilation cache (study_runs.study_compilation_cache).
+SLOW_FIRST = ("test_experiment.py", "test_cli.py", "test_notebooks.py", "test_study_hf.py",
               "test_strong_to_weak.py",
               "test_layouts.py", "test_benchmarks.py", "test_learning.py", "test_sharded_steps.py",
               "test_precheck.py", "test_lowering.py", "test_checkpoint.py", "test_distributed.py",

@@ -27,6 +27,8 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
+from study_runs import study_compilation_cache
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart", "grpo_and_opd", "kernels")
 CELL_TIMEOUT_S = 600  # a hung cell fails the test instead of the CI job
@@ -61,12 +63,16 @@ class Executed:
     return lines[0][len(prefix):]
 
 
-async def _execute(name, tmp, slots) -> Executed:
+async def _execute(name, tmp, slots, cache) -> Executed:
   nb = nbformat.read(_path(name), as_version=4)
   cwd, workdir = tmp / "cwd", tmp / "work"
   cwd.mkdir()
+  # The suite's study compilation cache (study_runs): the quickstart's small study samples as
+  # test_experiment's miniature study does, which runs first (conftest.SLOW_FIRST).
   env = dict(os.environ, SMJAX_NOTEBOOK_SMALL="1", SMJAX_NOTEBOOK_WORKDIR=str(workdir),
-             JAX_PLATFORMS="cpu")
+             JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
   env.pop("SMJAX_REPO", None)   # XLA_FLAGS: the suite's fast-compile flags (conftest.py)
   async with slots:
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
@@ -81,7 +87,8 @@ async def _execute(name, tmp, slots) -> Executed:
 
 async def _execute_all(tmp_path_factory):
   slots = asyncio.Semaphore(PARALLEL)
-  runs = [_execute(n, tmp_path_factory.mktemp(n), slots) for n in NOTEBOOKS]
+  cache = study_compilation_cache(tmp_path_factory)
+  runs = [_execute(n, tmp_path_factory.mktemp(n), slots, cache) for n in NOTEBOOKS]
   results = await asyncio.gather(*runs, return_exceptions=True)  # every kernel shuts down
   for name, res in zip(NOTEBOOKS, results):
     if isinstance(res, BaseException):
