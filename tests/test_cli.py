@@ -229,7 +229,7 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
 _QUICK_BASE = ("--config.phases=('base',)", "--config.base.steps=5", "--config.band.check=False",
                "--config.heldout_size=16", "--config.stop_size=16", "--config.eval.samples=2",
                "--config.eval.batch_size=4", "--config.rl.prompts_per_step=4",
-               "--config.rl.samples_per_prompt=2",
+               "--config.rl.samples_per_prompt=2", "--config.report.bootstrap=100",
                "--config.progress=False")
 
 

@@ -97,6 +97,8 @@ TINY = [
     # One gradient program per step: micro-batching adds a compile per algorithm (its FLOPs are
     # counted from a separate program), about 10 s here; it is tested in test_grpo_loss.
     "--config.rl.micro_batches=1", "--config.opd.micro_batches=1",
+    # 100 bootstrap replicates (the report's intervals coarser, its figures the same).
+    "--config.report.bootstrap=100",
 ]
 
 
