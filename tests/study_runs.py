@@ -17,11 +17,11 @@ def training_flops(ledger: dict) -> dict:
 
 
 def study_compilation_cache(tmp_path_factory):
-  """One persistent compilation cache for the miniature studies that several modules run as
-  subprocesses (test_experiment's MINI, test_remote_workdir's base and joint GRPO of the same
-  config, test_cli's quick base sampling as MINI does): a module that runs after another finds
-  its programs compiled. Under pytest-xdist every
-  worker's base temp directory has the session's as its parent, so the workers share it."""
+  """One persistent compilation cache for the small studies that several modules run
+  (test_experiment's MINI, test_remote_workdir's base and joint GRPO of the same config,
+  test_cli's quick base and the notebooks' quickstart study, which sample as MINI does): a module
+  that runs after another finds its programs compiled. Under pytest-xdist every worker's base
+  temp directory has the session's as its parent, so the workers share it."""
   base = tmp_path_factory.getbasetemp()
   path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "study_jax_cache"
   path.mkdir(exist_ok=True)
