@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -100,12 +99,11 @@ def param_shardings(abstract_params, logical_axes, mesh, rules=LOGICAL_RULES):
 
 def init_sharded_params(cfg, mesh, rng, rules=LOGICAL_RULES):
   """Creates the model's parameters directly sharded: eval_shape -> shardings -> jit(init)."""
-  from smjax.models.transformer import Transformer, param_logical_axes  # avoid import cycle
-  import jax.numpy as jnp
+  # pylint: disable-next=import-outside-toplevel
+  from smjax.models.transformer import init_params, param_logical_axes  # avoid import cycle
 
   def init(key):
-    variables = Transformer(cfg).init(key, jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32))
-    return nn.unbox(variables["params"])
+    return init_params(cfg, key)
 
   abstract = jax.eval_shape(init, rng)
   shardings = param_shardings(abstract, param_logical_axes(cfg), mesh, rules)

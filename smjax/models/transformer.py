@@ -415,10 +415,9 @@ def fuse_for_decode(params):
 
 @functools.lru_cache(maxsize=None)
 def _jitted_init(cfg: ModelConfig):
-  def init(rng):
-    return Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32),
-                                 jnp.zeros((1, 1), jnp.int32))["params"]
-  return jax.jit(init)
+  """The model's parameters (boxed with their logical axes) from a key: one jitted program."""
+  return jax.jit(lambda rng: Transformer(cfg).init(rng, jnp.zeros((1, 1), jnp.int32),
+                                                   jnp.zeros((1, 1), jnp.int32))["params"])
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False):
@@ -431,9 +430,7 @@ def init_params(cfg: ModelConfig, rng: jax.Array, *, boxed: bool = False):
 
 def param_logical_axes(cfg: ModelConfig):
   """A pytree of logical axis-name tuples matching the parameters, computed without allocating."""
-  abstract = jax.eval_shape(lambda: Transformer(cfg).init(
-      jax.random.key(0), jnp.zeros((1, 1), jnp.int32), jnp.zeros((1, 1), jnp.int32))["params"])
-  return nn.get_partition_spec(abstract)
+  return nn.get_partition_spec(jax.eval_shape(_jitted_init(cfg), jax.random.key(0)))
 
 
 def count_params(params) -> int:
