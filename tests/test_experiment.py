@@ -340,8 +340,9 @@ def _log_rows(wd, phase):
 def test_packed_completions_take_the_same_steps_with_fewer_flops(study, cache, tmp_path):
   """rl.pack_completions / opd.pack_completions (off in the study above): the joint GRPO and MOPD
   steps on the packed stream (smjax.batch.pack, its plan checked on the host). Run packed from the
-  same base, the first step samples the same rollout and takes the same update; the policy's
-  training FLOPs are fewer."""
+  same base, the first step samples the same rollout and takes the same update, and the policy's
+  and the teachers' FLOPs of that step are fewer than a padded step's. One packed step each: a
+  packed stream's length is bucketed, so every further step could compile another program."""
   wd, _ = study
   packed_wd = tmp_path / "packed"
   # Each packed phase runs from the fixture's own inputs: joint GRPO from its base (which reads
@@ -353,23 +354,29 @@ def test_packed_completions_take_the_same_steps_with_fewer_flops(study, cache, t
   args = [a for a in MINI if not a.startswith(("--config.phases", "--config.rl.pack_completions",
                                                "--config.opd.pack_completions"))]
   r = _main(args + ["--config.phases=('base','joint','experts','mopd')",
-                    "--config.rl.pack_completions=False"], packed_wd, cache, timeout=900)
-  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-  shutil.rmtree(packed_wd / "seed_0" / "joint_grpo")   # then joint GRPO packed, from the base
-  r = _main(args + ["--config.phases=('base','joint')", "--config.opd.pack_completions=False"],
+                    "--config.rl.pack_completions=False", "--config.mopd.steps=1"],
             packed_wd, cache, timeout=900)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+  shutil.rmtree(packed_wd / "seed_0" / "joint_grpo")   # then joint GRPO packed, from the base
+  r = _main(args + ["--config.phases=('base','joint')", "--config.opd.pack_completions=False",
+                    "--config.joint.steps=1"], packed_wd, cache, timeout=900)
+  assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+
+  def step_flops(d, phase, part):   # one step's FLOPs of train/<part>: the total over steps run
+    records = phase_result(d, phase)["ledger"]["records"]
+    steps = sum(x["calls"] for x in records if x["phase"] == "train/policy")
+    return sum(x["flops_per_call"] * x["calls"] for x in records
+               if x["phase"] == f"train/{part}") / steps
+
   for phase in ("joint_grpo", "mopd"):
     packed, padded = _log_rows(packed_wd, phase)[0], _log_rows(wd, phase)[0]
     assert packed["finite"] == padded["finite"] == 1
     for key in ("loss", "grad_norm", "reward/mean", "response_length"):
       assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (phase, key)
-    f_padded = phase_result(wd, phase)["ledger"]["flops"]["train/policy"]
-    f_packed = phase_result(packed_wd, phase)["ledger"]["flops"]["train/policy"]
+    f_padded, f_packed = step_flops(wd, phase, "policy"), step_flops(packed_wd, phase, "policy")
     assert f_packed < 0.95 * f_padded, (phase, f_packed, f_padded)
   # MOPD's teachers score the packed rows too.
-  teacher = lambda d: phase_result(d, "mopd")["ledger"]["flops"]["train/teacher"]  # noqa: E731
-  assert teacher(packed_wd) < 0.95 * teacher(wd)
+  assert step_flops(packed_wd, "mopd", "teacher") < 0.95 * step_flops(wd, "mopd", "teacher")
 
 
 def test_finished_phases_are_not_run_again(study, cache):
