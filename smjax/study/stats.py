@@ -36,7 +36,7 @@ import math
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
-import scipy.stats
+import scipy.special
 
 # {seed: {domain: resampled prompt indices, or None for the prompts as they are}}
 Draw = Mapping[int, Mapping[str, np.ndarray | None]]
@@ -184,7 +184,9 @@ def t_interval(values: Sequence[float], confidence: float) -> tuple[float, float
   x = np.asarray(values, np.float64)
   if x.size < 2 or not np.isfinite(x).all():
     return math.nan, math.nan
-  half = scipy.stats.t.ppf((1 + confidence) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+  # Student's t quantile (scipy.stats.t.ppf's value; scipy.special imports in a third the time).
+  t = scipy.special.stdtrit(x.size - 1, (1 + confidence) / 2)
+  half = t * x.std(ddof=1) / math.sqrt(x.size)
   return float(x.mean() - half), float(x.mean() + half)
 
 
@@ -197,7 +199,7 @@ def wilson_interval(mean: float, n: int, confidence: float) -> tuple[float, floa
   every prompt scored the same (0 of 5 right gives [0, 43 %]). `smjax eval` reports it."""
   if n < 1 or math.isnan(mean):
     return math.nan, math.nan
-  z = float(scipy.stats.norm.ppf((1 + confidence) / 2))
+  z = float(scipy.special.ndtri((1 + confidence) / 2))   # the normal quantile
   z2n = z * z / n
   centre = (mean + z2n / 2) / (1 + z2n)
   half = z / (1 + z2n) * math.sqrt(max(mean * (1 - mean), 0.0) / n + z2n / (4 * n))
