@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+from conftest import FAST_XLA_FLAGS
 from smjax.aot import _expected_devices, _tpu_name, libtpu_path
 
 M, N, K = 256, 128, 512
@@ -69,8 +70,8 @@ _CHILD = textwrap.dedent(f"""
 
 @pytest.fixture(scope="module")
 def child():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",   # the suite's fast-compile flags (conftest.py)
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_XLA_FLAGS}")
   proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-4000:]

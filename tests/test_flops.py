@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
+from conftest import FAST_XLA_FLAGS
 from smjax import flops as flops_lib
 from smjax.flops import ProgramCall, analytic_flops, compiled_flops, matmul_params
 from smjax.ledger import FlopLedger, describe_reach, flops_to_reach
@@ -258,8 +259,8 @@ _SHARDED = textwrap.dedent("""
 
 
 def test_sharded_matmul_counts_global_flops_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",   # the suite's fast-compile flags (conftest.py)
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_XLA_FLAGS}")
   proc = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True,
                         text=True, timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]

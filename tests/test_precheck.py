@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from conftest import FAST_XLA_FLAGS
+
 # Qwen3-8B (config.json): hidden 4096, 32 heads, 8 KV heads, head_dim 128, MLP 12288,
 # vocab 151936, untied embeddings; truncated to 2 layers.
 D, N, K, H, F, V, L = 4096, 32, 8, 128, 12288, 151936, 2
@@ -25,8 +27,8 @@ BATCH, SEQ, FSDP, DEVICES = 64, 256, 8, 64
 
 
 def _precheck(*args):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)  # the CLI sets the fake device count itself
+  # The suite's fast-compile flags (conftest.py) and no device count: the CLI sets that itself.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=FAST_XLA_FLAGS)
   return subprocess.run([sys.executable, "-m", "smjax.precheck", *args], env=env,
                         capture_output=True, text=True, timeout=600)
 

@@ -14,6 +14,7 @@ import torch
 import jax
 import jax.numpy as jnp
 
+from conftest import FAST_XLA_FLAGS
 from hf_models import tiny_hf_model
 from smjax import decode as dec
 from smjax import rollout as ro
@@ -403,10 +404,10 @@ def mesh_run(request):
   if not any(item.name == "test_mesh_matches_single_device" for item in request.session.items):
     yield None
     return
-  # Backend optimisation off: compiles are the cost here, and both sides of each comparison run in
-  # the same process under the same flags.
+  # The suite's fast-compile flags (conftest.py): compiles are the cost here, and both sides of
+  # each comparison run in the same process under the same flags.
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count=8 {FAST_XLA_FLAGS}",
              PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
   proc = subprocess.Popen([sys.executable, "-c", _MESH_SCRIPT], env=env, cwd=REPO, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
