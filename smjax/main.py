@@ -37,7 +37,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from smjax import config_files
+from smjax import config_files, paths
 
 
 class _ResolvingParser(flags.ArgumentParser):
@@ -365,8 +365,9 @@ def _no_field(e: BaseException, argv: list[str]) -> str:
 
 def main(argv):
   _check_usage(argv)
-  # Every config value first (run_study checks them again): a bad one is refused before the
-  # workdir, its log or the heavy imports (jax, orbax, scipy) are made.
+  # A workdir this install cannot write, then every config value (run_study checks both again):
+  # refused before the workdir, its log or the heavy imports (jax, orbax) are made.
+  paths.check_workdir(_WORKDIR.value)
   from smjax.study.config import validate  # pylint: disable=import-outside-toplevel
   validate(_CONFIG.value)
   verbose = _env_on("SMJAX_VERBOSE") or absl_logging.get_verbosity() >= 1
