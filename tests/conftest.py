@@ -36,3 +36,27 @@ SLOW_FIRST = ("test_experiment.py", "test_cli.py", "test_notebooks.py", "test_st
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(SLOW_FIRST)}
   items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
+# One persistent compilation cache for every process of the run that does not name its own (the
+# study tests share theirs, study_runs.study_compilation_cache): the controller makes it before
+# pytest-xdist starts its workers, which inherit the variables, as do their subprocesses.
+_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
+_made_cache = []
+
+
+def pytest_configure(config):
+  if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  import tempfile  # pylint: disable=import-outside-toplevel
+  _made_cache.append(tempfile.mkdtemp(prefix="smjax_suite_jax_cache_"))
+  os.environ.update(zip(_CACHE_VARS, (_made_cache[0], "0", "-1")))
+
+
+def pytest_unconfigure(config):
+  if _made_cache:
+    import shutil  # pylint: disable=import-outside-toplevel
+    shutil.rmtree(_made_cache.pop(), ignore_errors=True)
+    for var in _CACHE_VARS:
+      os.environ.pop(var, None)
