@@ -6,11 +6,15 @@ compile-bound tests; the HLO programs are the same) and XLA:CPU's older fusion e
 25 % less again; the HLO passes differ a little, so a FLOP count can differ from a run's in the
 fourth digit). A test only compares numbers with a reference or with another process of the
 suite, never with a run outside it. Subprocess tests add their own flags to
-`os.environ["XLA_FLAGS"]` (e.g. the fake device count).
+`os.environ["XLA_FLAGS"]` (e.g. the fake device count). The run's processes also share one
+persistent compilation cache, made for the run and removed after it (below; the study tests keep
+one of their own).
 """
 
 import os
+import shutil
 import sys
+import tempfile
 
 FAST_XLA_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
                   "--xla_cpu_use_fusion_emitters=false")
@@ -46,17 +50,15 @@ _CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TI
 _made_cache = []
 
 
-def pytest_configure(config):
+def pytest_configure():
   if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-    return
-  import tempfile  # pylint: disable=import-outside-toplevel
+    return   # a worker (the controller's variables are set) or the user's own cache
   _made_cache.append(tempfile.mkdtemp(prefix="smjax_suite_jax_cache_"))
   os.environ.update(zip(_CACHE_VARS, (_made_cache[0], "0", "-1")))
 
 
-def pytest_unconfigure(config):
+def pytest_unconfigure():
   if _made_cache:
-    import shutil  # pylint: disable=import-outside-toplevel
     shutil.rmtree(_made_cache.pop(), ignore_errors=True)
     for var in _CACHE_VARS:
       os.environ.pop(var, None)
