@@ -42,11 +42,16 @@ def pytest_collection_modifyitems(items):
   items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
 
 
+def cache_env(path) -> dict[str, str]:
+  """The variables that make a process use the persistent compilation cache at `path` for every
+  program it compiles (jax's default skips those under a second, most of the suite's)."""
+  return {"JAX_COMPILATION_CACHE_DIR": str(path), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+
+
 # One persistent compilation cache for every process of the run that does not name its own (the
 # study tests share theirs, study_runs.study_compilation_cache): the controller makes it before
 # pytest-xdist starts its workers, which inherit the variables, as do their subprocesses.
-_CACHE_VARS = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES")
 _made_cache = []
 
 
@@ -54,11 +59,11 @@ def pytest_configure():
   if os.environ.get("PYTEST_XDIST_WORKER") or "JAX_COMPILATION_CACHE_DIR" in os.environ:
     return   # a worker (the controller's variables are set) or the user's own cache
   _made_cache.append(tempfile.mkdtemp(prefix="smjax_suite_jax_cache_"))
-  os.environ.update(zip(_CACHE_VARS, (_made_cache[0], "0", "-1")))
+  os.environ.update(cache_env(_made_cache[0]))
 
 
 def pytest_unconfigure():
   if _made_cache:
     shutil.rmtree(_made_cache.pop(), ignore_errors=True)
-    for var in _CACHE_VARS:
+    for var in cache_env(""):
       os.environ.pop(var, None)

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from conftest import cache_env
 from study_runs import study_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -24,9 +25,7 @@ def _compilation_cache(tmp_path_factory):
   """The runs of this module share the suite's study compilation cache (study_runs): the base
   and joint GRPO they run sample as test_experiment's miniature study does, so most of their
   programs are found there compiled (XLA_FLAGS: the suite's, conftest.py)."""
-  ENV.update(JAX_COMPILATION_CACHE_DIR=str(study_compilation_cache(tmp_path_factory)),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  ENV.update(cache_env(study_compilation_cache(tmp_path_factory)))
 
 
 def _cli(*args, workdir):

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import cache_env
 from study_runs import phase_result, study_compilation_cache, training_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,9 +49,7 @@ MINI = [
 
 
 def _env(cache):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **cache_env(cache))
   return env   # XLA_FLAGS: the suite's fast-compile flags (conftest.py), no fake devices
 
 

@@ -27,6 +27,7 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
+from conftest import cache_env
 from study_runs import study_compilation_cache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,9 +71,7 @@ async def _execute(name, tmp, slots, cache) -> Executed:
   # The suite's study compilation cache (study_runs): the quickstart's small study samples as
   # test_experiment's miniature study does, which runs first (conftest.SLOW_FIRST).
   env = dict(os.environ, SMJAX_NOTEBOOK_SMALL="1", SMJAX_NOTEBOOK_WORKDIR=str(workdir),
-             JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+             JAX_PLATFORMS="cpu", **cache_env(cache))
   env.pop("SMJAX_REPO", None)   # XLA_FLAGS: the suite's fast-compile flags (conftest.py)
   async with slots:
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,

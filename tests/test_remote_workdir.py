@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from conftest import cache_env
 from study_runs import study_compilation_cache
 from test_experiment import MINI
 
@@ -38,10 +39,7 @@ def _run(tmp, script_args, cache=None, **env):
     (tmp / d).mkdir(exist_ok=True)
   cache = cache or tmp / "cache"
   env = dict(os.environ, JAX_PLATFORMS="cpu", TMPDIR=str(tmp / "tmp"),
-             JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
-             FAKE_GCS_STATE=str(tmp / "bucket.pkl"), **env)
+             **cache_env(cache), FAKE_GCS_STATE=str(tmp / "bucket.pkl"), **env)
   return subprocess.run([sys.executable, *script_args], cwd=tmp / "cwd", env=env,
                         capture_output=True, text=True, timeout=1200)
 

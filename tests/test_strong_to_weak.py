@@ -33,6 +33,7 @@ from smjax.train.loop import BatchLayout, grpo_batch, opd_batch, rollout
 from smjax.train.steps import step_program_calls
 from smjax.train.teachers import Teacher
 
+from conftest import cache_env
 from study_runs import phase_result, study_compilation_cache, training_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,9 +74,7 @@ STRONG = [
 def _main(args, workdir, cache, record=None):
   """The study's entry point (`python -m smjax.main`) on `args`, in a subprocess with the
   suite's compilation cache; `record`: where tests/record_reads.py writes each phase's reads."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **cache_env(cache))
   entry = ["-m", "smjax.main"]
   if record:
     env["SMJAX_RECORD_READS"] = str(record)

@@ -20,6 +20,7 @@ import torch
 import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from conftest import cache_env
 from study_runs import phase_result, training_flops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,9 +105,7 @@ TINY = [
 
 def _main(hf_path, data_files, workdir, cache, *overrides, timeout=600):
   arg = f"hf_path={hf_path},math={data_files[0]},code={data_files[1]}"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+  env = dict(os.environ, JAX_PLATFORMS="cpu", **cache_env(cache),
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "")   # the suite's (conftest.py), and
              + " --xla_force_host_platform_device_count=8")   # the config's fsdp=8 mesh
   return subprocess.run(
