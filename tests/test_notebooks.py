@@ -70,8 +70,10 @@ async def _execute(name, tmp, slots, cache) -> Executed:
   cwd.mkdir()
   # The suite's study compilation cache (study_runs): the quickstart's small study samples as
   # test_experiment's miniature study does, which runs first (conftest.SLOW_FIRST).
+  # TMPDIR: what a notebook writes to a temporary directory (the kernels' benchmark JSON) stays
+  # in the test's own.
   env = dict(os.environ, SMJAX_NOTEBOOK_SMALL="1", SMJAX_NOTEBOOK_WORKDIR=str(workdir),
-             JAX_PLATFORMS="cpu", **cache_env(cache))
+             JAX_PLATFORMS="cpu", TMPDIR=str(tmp), **cache_env(cache))
   env.pop("SMJAX_REPO", None)   # XLA_FLAGS: the suite's fast-compile flags (conftest.py)
   async with slots:
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,

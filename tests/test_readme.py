@@ -26,14 +26,17 @@ def test_readme_quickstart_runs(tmp_path):
   assert len(blocks) == 1, f"README.md should hold one ```python quickstart, found {len(blocks)}"
   script = tmp_path / "quickstart.py"
   script.write_text(blocks[0])
-  # conftest.py has set JAX_PLATFORMS=cpu and the fast-compile XLA_FLAGS in os.environ.
+  # conftest.py has set JAX_PLATFORMS=cpu and the fast-compile XLA_FLAGS in os.environ. The
+  # quickstart names no workdir, so its runs go to temporary directories: the test's own.
   out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=600, env=dict(os.environ), check=False)
+                       text=True, timeout=600, env=dict(os.environ, TMPDIR=str(tmp_path)),
+                       check=False)
   assert out.returncode == 0, f"the README quickstart failed:\n{out.stdout}\n{out.stderr[-4000:]}"
   lines = out.stdout.splitlines()
   # The GRPO run learns (from 2 `a`/`b` characters in 128 at random init) and is checkpointed.
   grpo = next(l for l in lines if l.startswith("GRPO reward "))
   assert float(grpo.split()[2]) > 0.05 and "/checkpoints/10" in grpo, out.stdout
+  assert f" {tmp_path}{os.sep}smjax-grpo-" in grpo, grpo   # TMPDIR, where a user's tempfile goes
   student = next(l for l in lines if l.startswith("student's reverse KL to its teacher "))
   assert float(student.split()[6]) >= 0 and student.endswith("/checkpoints/4"), out.stdout
   for phase in ("rollout/decode", "train/policy", "train/teacher", "eval/heldout"):
