@@ -510,8 +510,8 @@ def test_verdict_lines_follow_the_interval():
   ext["length_vs_reference"] = {"mean": .1, "lo": -.2, "hi": .4,
                                 "per_seed": [.2, -.1, .3, 0.0, .1]}
   assert any(v.endswith("answers are +0.1 tokens [-0.2, +0.4] vs joint_grpo (not distinguishable)"
-                        "; 3 of 5 seeds longer, 1 shorter (per seed: +0.2, -0.1, +0.3, +0.00, "
-                        "+0.1)")
+                        "; 3 of 5 seeds longer, 1 shorter, 1 at exactly 0 (per seed: +0.2, -0.1, "
+                        "+0.3, +0.00, +0.1)")
              for v in verdicts(rep)), verdicts(rep)
   # Differences of hundredths of a token print in hundredths, not as "+0.0 [-0.0, +0.0]".
   ext["length_vs_reference"].update(mean=.001, lo=-.022, hi=.024,

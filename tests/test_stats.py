@@ -229,15 +229,17 @@ def test_censored_values_are_bounds_and_few_censored_replicates_keep_the_interva
 def test_a_censored_seed_has_a_sign_only_where_its_bound_fixes_it():
   """stats.seed_signs, by hand: an exact value's sign; "≥ +8 %" cheaper, "≥ -20 %" open; "≤ -30 %"
   dearer, "≤ +15 %" open; nan and 0 open; a summary from before per_seed_bound reads as exact.
-  The verdict's seed count follows it and names the open seeds."""
+  The verdict's seed count follows it and names the open seeds, the nan and the 0 ones, so that
+  every seed is counted once."""
   from smjax.study import verdicts  # pylint: disable=import-outside-toplevel
   v = {"per_seed": [0.3, -0.2, 0.08, -0.2, -0.3, 0.15, math.nan, 0.0],
        "per_seed_bound": [0, 0, 1, 1, -1, -1, 0, 0]}
   assert stats.seed_signs(v) == [1, -1, 1, None, -1, None, None, None]
   assert stats.seed_signs({"per_seed": [0.3, -0.2]}) == [1, -1]
   assert stats.seed_signs({}) == []
-  assert verdicts._agree(v, 0) == "; 2 of 8 seeds cheaper, 2 dearer, 2 censored (sign open)"
-  assert verdicts._agree(v, -1) == "; 2 of 8 seeds agree, 2 censored (sign open)"
+  tail = ", 2 censored (sign open), 1 without a value, 1 at exactly 0"
+  assert verdicts._agree(v, 0) == "; 2 of 8 seeds cheaper, 2 dearer" + tail
+  assert verdicts._agree(v, -1) == "; 2 of 8 seeds agree" + tail
   assert verdicts._agree({"per_seed": [0.1, -0.2, -0.3]}, -1) == "; 2 of 3 seeds agree"
 
 

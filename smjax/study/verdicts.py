@@ -76,14 +76,19 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
   """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values), or for
   a figure not told from 0 (side 0) how many seeds fall on each side, in `words` (positive,
   negative); a censored seed counts where its bound fixes its sign (stats.seed_signs), and the
-  seeds whose sign it leaves open are named as such."""
+  seeds whose sign it leaves open are named as such, as are those without a value (e.g. a saving
+  where neither arm reached the level) and those at exactly 0: the counts add up to the seeds."""
   signs = stats.seed_signs(v)
   if len(signs) < 2:
     return ""
   n = len(signs)
   open_ = sum(s is None and bound != 0
               for s, bound in zip(signs, v.get("per_seed_bound") or []))
-  tail = f", {open_} censored (sign open)" if open_ else ""
+  xs = [stats.number(x) for x in v.get("per_seed") or []]
+  undefined, zero = sum(math.isnan(x) for x in xs), sum(x == 0 for x in xs)
+  tail = "".join(f", {k} {what}" for k, what in ((open_, "censored (sign open)"),
+                                                   (undefined, "without a value"),
+                                                   (zero, "at exactly 0")) if k)
   if side == 0:
     return (f"; {signs.count(1)} of {n} seeds {words[0]}, {signs.count(-1)} {words[1]}" + tail)
   return f"; {signs.count(side)} of {n} seeds agree" + tail
