@@ -241,6 +241,9 @@ def test_a_censored_seed_has_a_sign_only_where_its_bound_fixes_it():
   assert verdicts._agree(v, 0) == "; 2 of 8 seeds cheaper, 2 dearer" + tail
   assert verdicts._agree(v, -1) == "; 2 of 8 seeds agree" + tail
   assert verdicts._agree({"per_seed": [0.1, -0.2, -0.3]}, -1) == "; 2 of 3 seeds agree"
+  # A censored seed at 0 or nan is named once, as censored.
+  assert verdicts._agree({"per_seed": [0.1, 0.0, math.nan], "per_seed_bound": [0, 1, -1]},
+                         0) == "; 1 of 3 seeds cheaper, 0 dearer, 2 censored (sign open)"
 
 
 def test_nan_and_infinite_seeds_are_counted():

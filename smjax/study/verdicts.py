@@ -82,10 +82,12 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
   if len(signs) < 2:
     return ""
   n = len(signs)
-  open_ = sum(s is None and bound != 0
-              for s, bound in zip(signs, v.get("per_seed_bound") or []))
-  xs = [stats.number(x) for x in v.get("per_seed") or []]
-  undefined, zero = sum(math.isnan(x) for x in xs), sum(x == 0 for x in xs)
+  # The seeds without a sign, each named once: censored, else nan, else exactly 0.
+  left = [(stats.number(x), bound) for s, x, bound in zip(
+      signs, v["per_seed"], v.get("per_seed_bound") or [0] * n) if s is None]
+  open_ = sum(bound != 0 for _, bound in left)
+  undefined = sum(bound == 0 and math.isnan(x) for x, bound in left)
+  zero = sum(bound == 0 and x == 0 for x, bound in left)
   tail = "".join(f", {k} {what}" for k, what in ((open_, "censored (sign open)"),
                                                    (undefined, "without a value"),
                                                    (zero, "at exactly 0")) if k)
