@@ -246,6 +246,32 @@ def test_a_censored_seed_has_a_sign_only_where_its_bound_fixes_it():
                          0) == "; 1 of 3 seeds cheaper, 0 dearer, 2 censored (sign open)"
 
 
+def test_a_saving_censored_on_some_seeds_says_on_how_many():
+  """A route that had not reached the level on 1 of 3 seeds: its verdict says so and counts the
+  seeds (it reached the level on the other two); censored on every seed, or on the one seed of
+  one, it says it had not reached it, as before."""
+  from smjax.study import verdicts  # pylint: disable=import-outside-toplevel
+  some = {"mean": -0.4, "lo": math.nan, "hi": math.nan, "bound": -1, "n": 3,
+          "censored_seeds": 1, "per_seed": [-0.5, -0.3, -0.4], "per_seed_bound": [0, 0, -1]}
+  line = verdicts._saving_line("split-then-merge", some, "joint_grpo",
+                              flops={"mean": 2e12, "bound": 1})
+  assert line.startswith("split-then-merge had not reached the level on 1 of 3 seeds when it "
+                         "stopped (≥ 2e+12 FLOPs): it needs ≥ 40.0% more FLOPs than "
+                         "joint_grpo"), line
+  assert line.endswith("; 0 of 3 seeds cheaper, 3 dearer"), line
+  ref = dict(some, mean=0.3, bound=1, per_seed=[0.2, 0.4, 0.3], per_seed_bound=[0, 0, 1])
+  line = verdicts._saving_line("self-teacher OPD", ref, "GRPO")
+  assert line.startswith("GRPO had not reached the level on 1 of 3 seeds when it stopped: "
+                         "saving ≥ 30.0%"), line
+  every = dict(some, censored_seeds=3, per_seed_bound=[-1, -1, -1])
+  assert "had not reached the level when it stopped" in verdicts._saving_line(
+      "split-then-merge", every, "joint_grpo")
+  # A seed without a saving (neither arm reached the level there) is one where it had not.
+  nan = dict(ref, per_seed=[0.2, math.nan, 0.3])
+  assert "GRPO had not reached the level on 2 of 3 seeds when" in verdicts._saving_line(
+      "self-teacher OPD", nan, "GRPO")
+
+
 def test_nan_and_infinite_seeds_are_counted():
   # Two seeds; the figure is nan in seed 1's replicates that drew prompt 0 twice or more.
   def per_seed(s, idx):

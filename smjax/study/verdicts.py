@@ -174,6 +174,16 @@ def _times(s: dict) -> str:
   return f" ({f(m)}x{ci} fewer)"
 
 
+def _on_seeds(s: dict) -> str:
+  """" on 1 of 2 seeds" for a censored saving that is censored on some of its seeds only (the
+  run reached the level on the others); "" when on every seed, or on one seed of one. A seed
+  without a value (nan: neither arm reached the level there) counts as one where it had not."""
+  xs = [stats.number(x) for x in s.get("per_seed") or []]
+  bounds = s.get("per_seed_bound") or [0] * len(xs)
+  short = sum(bound != 0 or math.isnan(x) for x, bound in zip(xs, bounds))
+  return f" on {short} of {len(xs)} seeds" if 0 < short < len(xs) else ""
+
+
 def _fell(arm: dict) -> str:
   """" (it collapsed on seed 0 at step 31)" for a report arm whose run collapsed (its curve ends
   there, so a level it had not reached is censored at the collapse); "" otherwise."""
@@ -210,18 +220,18 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
   if bound < 0:
     at = f" ({_flops(flops)} FLOPs)" if flops else ""
     if stats.number(s.get("mean")) < 0:
-      return (f"{what} had not reached the level when it stopped{at}{fell[0]}: it needs "
-              f"{_pct(s, negate=True)} more FLOPs than {against}")
-    return f"{what} had not reached the level when it stopped{at}{fell[0]}: saving {_pct(s)}"
+      return (f"{what} had not reached the level{_on_seeds(s)} when it stopped{at}{fell[0]}: it "
+              f"needs {_pct(s, negate=True)} more FLOPs than {against}" + _agree(s, 0))
+    return (f"{what} had not reached the level{_on_seeds(s)} when it stopped{at}{fell[0]}: "
+            f"saving {_pct(s)}" + _agree(s, 0))
   if bound > 0:   # the reference was censored: the saving is at least this
     m = stats.number(s.get("mean"))
     # The factor of a censored reference is its budget's: a longer run that still fell short
     # would make it larger (claim (d)'s "up to 50x" must not be read off a cap).
     at_least = (f" (≥ {1 / (1 - m):.1f}x fewer FLOPs, a bound that grows with {against}'s "
                 "budget)" if times and 0 < m < 1 else "")
-    return (f"{against} had not reached the level when it stopped{fell[1]}: saving {_pct(s)}"
-            + at_least
-            + _agree(s, 0))
+    return (f"{against} had not reached the level{_on_seeds(s)} when it stopped{fell[1]}: "
+            f"saving {_pct(s)}" + at_least + _agree(s, 0))
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
 
 
