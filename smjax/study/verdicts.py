@@ -72,6 +72,13 @@ def _side(v: dict) -> int:
   return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
+def _per_seed(v: dict) -> list[tuple[float, int]]:
+  """Each seed's (value, bound side) of a summarised figure: nan for a missing value, side 0 for
+  an exact one (a summary written before "per_seed_bound" existed reads as exact)."""
+  xs = [stats.number(x) for x in v.get("per_seed") or []]
+  return list(zip(xs, v.get("per_seed_bound") or [0] * len(xs)))
+
+
 def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -> str:
   """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values), or for
   a figure not told from 0 (side 0) how many seeds fall on each side, in `words` (positive,
@@ -83,8 +90,7 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
     return ""
   n = len(signs)
   # The seeds without a sign, each named once: censored, else nan, else exactly 0.
-  left = [(stats.number(x), bound) for s, x, bound in zip(
-      signs, v["per_seed"], v.get("per_seed_bound") or [0] * n) if s is None]
+  left = [xb for s, xb in zip(signs, _per_seed(v)) if s is None]
   open_ = sum(bound != 0 for _, bound in left)
   undefined = sum(bound == 0 and math.isnan(x) for x, bound in left)
   zero = sum(bound == 0 and x == 0 for x, bound in left)
@@ -178,10 +184,9 @@ def _on_seeds(s: dict) -> str:
   """" on 1 of 2 seeds" for a censored saving that is censored on some of its seeds only (the
   run reached the level on the others); "" when on every seed, or on one seed of one. A seed
   without a value (nan: neither arm reached the level there) counts as one where it had not."""
-  xs = [stats.number(x) for x in s.get("per_seed") or []]
-  bounds = s.get("per_seed_bound") or [0] * len(xs)
-  short = sum(bound != 0 or math.isnan(x) for x, bound in zip(xs, bounds))
-  return f" on {short} of {len(xs)} seeds" if 0 < short < len(xs) else ""
+  seeds = _per_seed(s)
+  short = sum(bound != 0 or math.isnan(x) for x, bound in seeds)
+  return f" on {short} of {len(seeds)} seeds" if 0 < short < len(seeds) else ""
 
 
 def _fell(arm: dict) -> str:
