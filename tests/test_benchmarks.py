@@ -495,6 +495,7 @@ def test_study_seeds_base_only_records_each_seeds_band_and_misses(tmp_path):
       [sys.executable, os.path.join(BENCH, "study_seeds.py"), "--base-only", "--jobs", "2",
        "--seeds", "0", "1", "--config", "configs/study.py:two_domain,demo",
        f"--workdir={tmp_path / 'w'}", f"--out={out}", "--config.base.steps=3",
+       "--config.base.batch_size=16",
        "--config.domains=('math',)", "--config.heldout_size=8", "--config.stop_size=8",
        "--config.eval.batch_size=8", "--config.eval.samples=1", "--config.eval.greedy=False",
        "--config.band.low=0.5"],

@@ -207,7 +207,7 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
   wd = tmp_path / "w"
   cmd = [sys.executable, "-m", "smjax.main", "--config=configs/study.py:two_domain,demo",
          f"--workdir={wd}", "--config.phases=('base',)", "--config.base.steps=100000",
-         "--config.band.check=False", "--config.progress=False"]
+         "--config.base.batch_size=16", "--config.band.check=False", "--config.progress=False"]
   proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)
   ckpts = wd / "seed_0" / "base" / "checkpoints"
@@ -224,8 +224,10 @@ def test_sigterm_during_the_base_saves_and_exits_0(tmp_path):
 
 
 # A base phase of a few steps on a small held-out set: seconds, and it writes checkpoints.
-# Its evaluations and rollouts hold 4 prompts x 2 samples, as test_experiment's MINI does.
+# Its SFT steps hold 16 rows and its evaluations and rollouts 4 prompts x 2 samples, as
+# test_experiment's MINI does (their programs are found in the study compilation cache).
 _QUICK_BASE = ("--config.phases=('base',)", "--config.base.steps=5", "--config.band.check=False",
+               "--config.base.batch_size=16",
                "--config.heldout_size=16", "--config.stop_size=16", "--config.eval.samples=2",
                "--config.eval.batch_size=4", "--config.rl.prompts_per_step=4",
                "--config.rl.samples_per_prompt=2", "--config.report.bootstrap=100",

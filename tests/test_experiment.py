@@ -25,6 +25,10 @@ MINI = [
     "--config.seeds=(0,)", "--config.progress=False", "--config.heldout_size=16",
     "--config.stop_size=16",
     "--config.eval.batch_size=4", "--config.eval.points=3", "--config.base.steps=20",
+    # 16 rows an SFT step (the base's and both teachers'), not 128: a 20-step base scores
+    # nothing at either batch, and 128 rows were half of this study's CPU time (cold, alone:
+    # 156 CPU-seconds against 98).
+    "--config.base.batch_size=16",
     "--config.joint.steps=6", "--config.experts.steps=6", "--config.mopd.steps=6",
     "--config.external.teacher_sft_steps=4", "--config.external.steps=4",
     "--config.rl.prompts_per_step=4", "--config.opd.prompts_per_step=4",
