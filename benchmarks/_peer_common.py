@@ -1,5 +1,5 @@
 """What the GRPO peer benchmarks share on both sides: model shapes, the fixed batch, the reward, the
-token text format, timing, and the peer virtual environments.
+token text format, timing, the machine's CPU name, and the peer virtual environments.
 
 Imported by the smjax-side drivers (benchmarks/grpo_step_vs_*.py, smjax's venv) and by the peer
 scripts (benchmarks/_peer_*.py, run inside the peer's own venv), so it needs only the standard
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import resource
 import select
 import statistics
@@ -144,6 +145,16 @@ def summary(times: list[float], faults: list[int] | None = None) -> dict:
   if faults is not None:
     out["minor_faults_per_call"] = sum(faults) / max(len(faults), 1)
   return out
+
+
+def cpu_name() -> str:
+  """The CPU's model name (/proc/cpuinfo), or the machine type where there is none: what every
+  benchmark's JSON records of the machine it timed."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    return platform.machine()
 
 
 def minor_faults() -> int:

@@ -34,8 +34,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import smjax  # noqa: F401,E402  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
-from rollout_vs_hf import _cpu, matmul_rate  # noqa: E402  (shared with the sampler benchmark)
-from _peer_common import timed  # noqa: E402
+from rollout_vs_hf import matmul_rate  # noqa: E402  (shared with the sampler benchmark)
+from _peer_common import cpu_name, timed  # noqa: E402
 
 PARTS = (  # (part, test on the op's jax scope), first match wins
     ("MLP (gate/up and down matmuls, SiLU)", lambda op: "/mlp/" in op),
@@ -190,7 +190,7 @@ def main() -> int:
   categories = [dict(category=name, ms_per_step=parts[name], share=parts[name] / total)
                 for name, _ in PARTS if name in parts]
   out = dict(benchmark="decode_profile", command="python benchmarks/decode_profile.py "
-             + " ".join(sys.argv[1:]), cpu=_cpu(), threads=len(os.sched_getaffinity(0)),
+             + " ".join(sys.argv[1:]), cpu=cpu_name(), threads=len(os.sched_getaffinity(0)),
              jax=jax.__version__, date=datetime.date.today().isoformat(), rows=rows,
              model=args.preset or "small", new_tokens=new_tokens,
              decode_stages=len(dec.decode_stages(P, new_tokens, sampler.stages)),

@@ -29,7 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-from study_seeds import _cpu  # noqa: E402  pylint: disable=wrong-import-position
+from _peer_common import cpu_name  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def _bootstrap(values, reps: int = 2000, seed: int = 0):
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
   out = {"benchmark": "real_model",
          "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:])),
          "config": c.to_dict(), "model": model, "date": time.strftime("%Y-%m-%d"),
-         "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
+         "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
          "matmul_flops_per_s": rate}
   grpo_dir = os.path.join(args.workdir, "grpo")
   t = time.perf_counter()

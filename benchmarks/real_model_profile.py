@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 # pylint: disable=wrong-import-position
 from decode_profile import LOOPS, PARTS as DECODE_PARTS, op_scopes, traced_parts  # noqa: E402
 from real_model import _matmul_rate  # noqa: E402
-from study_seeds import _cpu  # noqa: E402
+from _peer_common import cpu_name  # noqa: E402
 
 UPDATE_PARTS = (  # (part, test on the op's jax scope), first match wins
     ("LM head matmuls (forward and backward)", lambda op: "lm_head" in op),
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
   out = dict(
       benchmark="real_model_profile",
       command=" ".join([os.path.relpath(sys.argv[0], ROOT)] + (argv or sys.argv[1:])),
-      model=model, cpu=_cpu(), threads=len(os.sched_getaffinity(0)), jax=jax.__version__,
+      model=model, cpu=cpu_name(), threads=len(os.sched_getaffinity(0)), jax=jax.__version__,
       date=time.strftime("%Y-%m-%d"), matmul_flops_per_s=rate) | measured
   med = out["step_parts_s"]
   print(f"step {out['step_s']:.2f} s: " + ", ".join(f"{k} {v:.3f} s" for k, v in med.items())

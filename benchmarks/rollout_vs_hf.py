@@ -53,8 +53,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _peer_common  # noqa: E402  (the peer benchmarks' timer and venvs)
-from _peer_common import timed  # noqa: E402
-from study_seeds import _cpu  # noqa: E402  (the CPU's model name)
+from _peer_common import cpu_name, timed  # noqa: E402
 import smjax  # noqa: F401  (SMJAX_CPU_MALLOC=tuned must act before a JAX backend starts)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,7 +139,7 @@ def main():
   peak = matmul_rate(jax)
   results = dict(benchmark="rollout_vs_hf", command="python benchmarks/rollout_vs_hf.py "
                  + " ".join(sys.argv[1:]), config=vars(args), threads=threads,
-                 cpu=_cpu(), date=datetime.date.today().isoformat(), platform=platform.platform(),
+                 cpu=cpu_name(), date=datetime.date.today().isoformat(), platform=platform.platform(),
                  jax=jax.__version__, torch=torch.__version__, sizes={})
   for size in args.size:
     model = build_hf_model(size)

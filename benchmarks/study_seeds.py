@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from smjax.study.run import band_problems  # noqa: E402  pylint: disable=wrong-import-position
+from _peer_common import cpu_name  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def gain_interval(report: dict, arm: str, domain: str, seed_dir: str) -> dict:
@@ -58,14 +58,6 @@ def _wait_any(procs: dict) -> int:
       if proc.poll() is not None:
         return key
     time.sleep(1.0)
-
-
-def _cpu() -> str:
-  try:
-    with open("/proc/cpuinfo") as f:
-      return next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    return platform.machine()
 
 
 def main() -> int:
@@ -136,7 +128,7 @@ def main() -> int:
     print(f"seed {seed}: {wall:.0f} s, base {row['base']}, learns beyond the interval: {learns}")
   out = {"command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
          "config": args.config, "base_only": args.base_only,
-         "machine": {"cpu": _cpu(), "cores": os.cpu_count()},
+         "machine": {"cpu": cpu_name(), "cores": os.cpu_count()},
          "date": time.strftime("%Y-%m-%d"), "seeds": rows}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w") as f:
