@@ -309,15 +309,17 @@ def section_demo(a, ctx):
       proc.wait()
       rc = None
   wall = time.perf_counter() - t0
-  rec = dict(command="stand-in child (--cpu-smoke)" if stand_in else " ".join(
-                 ["python -m smjax.main", *DEMO_ARGS, f"--workdir={workdir}"]), stand_in=stand_in, workdir=workdir, log=log_path, timeout_s=timeout, wall_s=wall,
-             returncode=rc, timed_out=rc is None)
+  command = ("stand-in child (--cpu-smoke)" if stand_in else
+             " ".join(["python -m smjax.main", *DEMO_ARGS, f"--workdir={workdir}"]))
+  rec = dict(command=command, stand_in=stand_in, workdir=workdir, log=log_path, timeout_s=timeout,
+             wall_s=wall, returncode=rc, timed_out=rc is None)
   report = os.path.join(workdir, "report", "report.json")
   if rc == 0 and os.path.exists(report):
     with open(report) as f:
       rec["verdicts"] = json.load(f).get("verdicts", [])
   else:  # what it printed, the study's own log (workdir/smjax.log) and how far it got
-    for key, path in (("log_tail", log_path), ("study_log_tail", os.path.join(workdir, "smjax.log"))):
+    for key, path in (("log_tail", log_path),
+                      ("study_log_tail", os.path.join(workdir, "smjax.log"))):
       if os.path.exists(path):
         with open(path) as f:
           rec[key] = f.read()[-1500:]
