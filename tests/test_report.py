@@ -350,8 +350,9 @@ def test_frontier_levels_of_the_better_routes_gain():
   rep = build_report(list(flat.values()), bootstrap=0, levels=(0.9,))
   assert "mean_best" in rep["frontier"] and "every_best" in rep["frontier"]
   # joint GRPO censored: the saving is a lower bound, said as one (not "not distinguishable").
-  assert ("(a) at 90% of the better route's gain (mean over domains): joint_grpo had not reached "
-          "the level when it stopped: saving ≥ 10.0% (180 against ≥ 200") in "\n".join(
+  assert ("(a) at 90% of the better route's gain (mean over domains): split-then-merge vs "
+          "joint_grpo: joint_grpo had not reached the level when it stopped: saving ≥ 10.0% (180 "
+          "against ≥ 200") in "\n".join(
               rep["verdicts"])
 
 
@@ -690,8 +691,9 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   # censoring gives says so (a run that collapsed would not have gone on).
   broke = dataclasses.replace(ext, curve=_math_only([(0, .3), (5, .0)]),
                               collapsed={"step": 2, "what": "x"})
-  assert ("(d) to recover the degraded domain: external-teacher OPD had not reached the level "
-          "when it stopped (it collapsed on seed 0 at step 2): saving ≥ -50.0%") in build_report(
+  assert ("(d) to recover the degraded domain: self-teacher OPD vs external-teacher OPD: "
+          "external-teacher OPD had not reached the level when it stopped (it collapsed on seed 0 "
+          "at step 2): saving ≥ -50.0%") in build_report(
               arms + [broke], bootstrap=0)["verdicts"]
   # A page that shows the main arms elsewhere embeds claim (d)'s part alone.
   rec_md = markdown(rep2, "recovery")
@@ -717,8 +719,9 @@ def test_recovery_arms_are_scored_on_the_recovered_domain(tmp_path):
   grpo = next(a for a in arms if a.arm == "recover_grpo")
   stuck = dataclasses.replace(grpo, curve=_math_only([(0, .3), (100, .4)]))
   rep3 = build_report([a if a is not grpo else stuck for a in arms], bootstrap=0)
-  assert ("(d) to recover the degraded domain: GRPO had not reached the level when it stopped: "
-          "saving ≥ 92.5% (≥ 13.3x fewer FLOPs, a bound that grows with GRPO's budget)"
+  assert ("(d) to recover the degraded domain: self-teacher OPD vs GRPO: GRPO had not reached "
+          "the level when it stopped: saving ≥ 92.5% (≥ 13.3x fewer FLOPs, a bound that grows "
+          "with GRPO's budget)"
           ) in rep3["verdicts"], rep3["verdicts"]
   # The recovery table: one accuracy column, on math, for every row; degrade has no target.
   table = format_table(rep)
@@ -792,8 +795,8 @@ def test_a_further_depth_of_the_degradation_is_a_recovery_group_of_its_own(tmp_p
       "(10.0x fewer)",
       "(d) the degradation degrade@0 (noisy SFT, none right): math 60.0% → 10.0%; the recovery "
       "target 35.0%",
-      "(d) to recover the degraded domain (degrade@0): GRPO had not reached the level when it "
-      "stopped: saving ≥ 93.8% (≥ 16.0x fewer FLOPs, a bound that grows with GRPO's budget)"
+      "(d) to recover the degraded domain (degrade@0): self-teacher OPD vs GRPO: GRPO had not "
+      "reached the level when it stopped: saving ≥ 93.8% (≥ 16.0x fewer FLOPs, a bound that grows with GRPO's budget)"
   ], lines
   # A table per depth, each on its own target and reference, and both in the page's part.
   table = format_table(rep)

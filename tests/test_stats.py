@@ -261,8 +261,9 @@ def test_a_saving_censored_on_some_seeds_says_on_how_many():
   assert line.endswith("; 0 of 3 seeds cheaper, 3 dearer"), line
   ref = dict(some, mean=0.3, bound=1, per_seed=[0.2, 0.4, 0.3], per_seed_bound=[0, 0, 1])
   line = verdicts._saving_line("self-teacher OPD", ref, "GRPO")
-  assert line.startswith("GRPO had not reached the level on 1 of 3 seeds when it stopped: "
-                         "saving ≥ 30.0%"), line
+  # Whose saving it is stays named when the reference is the censored one.
+  assert line.startswith("self-teacher OPD vs GRPO: GRPO had not reached the level on 1 of 3 "
+                         "seeds when it stopped: saving ≥ 30.0%"), line
   every = dict(some, censored_seeds=3, per_seed_bound=[-1, -1, -1])
   assert "had not reached the level when it stopped" in verdicts._saving_line(
       "split-then-merge", every, "joint_grpo")

@@ -235,8 +235,8 @@ def _saving_line(what: str, s: dict, against: str, flops: dict | None = None,
     # would make it larger (claim (d)'s "up to 50x" must not be read off a cap).
     at_least = (f" (≥ {1 / (1 - m):.1f}x fewer FLOPs, a bound that grows with {against}'s "
                 "budget)" if times and 0 < m < 1 else "")
-    return (f"{against} had not reached the level{_on_seeds(s)} when it stopped{fell[1]}: "
-            f"saving {_pct(s)}" + at_least + _agree(s, 0))
+    return (f"{what} vs {against}: {against} had not reached the level{_on_seeds(s)} when it "
+            f"stopped{fell[1]}: saving {_pct(s)}" + at_least + _agree(s, 0))
   return f"{what} vs {against}: not distinguishable (saving {_pct(s)})" + _agree(s, 0)
 
 
