@@ -2,6 +2,7 @@
 verdicts, its files, and the stop rules (on a scripted run_rl, running on past its stop)."""
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -914,17 +915,21 @@ def test_run_rl_runs_on_past_the_first_point_that_meets_its_rule(monkeypatch):
 def test_a_phase_also_saves_on_the_clock_where_its_steps_are_slow(monkeypatch):
   """loop.checkpoint_seconds: a save once that much wall time has passed since the last save (or
   the start), beside the step cadence; the clock restarts at every save, either cadence's. A
-  scripted run whose clock reads 10 s more at every look (construction, then once a step)."""
+  scripted run whose save clock reads 10 s more at every look (construction, then once a step).
+  The script is the cadence's own clock, not time.monotonic, which jax reads too when it
+  compiles (the test passed only where the worker had compiled its programs before)."""
   from smjax.train import loop as loop_lib  # pylint: disable=import-outside-toplevel
   ex = types.SimpleNamespace(domain="math", prompt="q")
   ro = loop_lib.Rollout(types.SimpleNamespace(lengths_B=np.ones(2), num_samples=2), [ex, ex],
                         np.array([0.0, 1.0], np.float32))
   monkeypatch.setattr(loop_lib, "rollout", lambda *a, **k: (ro, []))
   monkeypatch.setattr(loop_lib.steps_lib, "step_program_calls", lambda *a, **k: [])
+  cadence = loop_lib.SaveCadence
 
   def saves_with(**fields):
     ticks, saves = itertools.count(0, 10), []
-    monkeypatch.setattr(loop_lib.time, "monotonic", lambda: float(next(ticks)))
+    monkeypatch.setattr(loop_lib, "SaveCadence", functools.partial(
+        cadence, clock=lambda: float(next(ticks))))
     cfg = loop_lib.RLLoopConfig(steps=10, samples_per_prompt=2, progress=False, **fields)
     loop_lib.run_rl(types.SimpleNamespace(params="p"), name="joint_grpo", loop=cfg,
                     step=lambda state, batch: (state, {"loss": 0.0, "finite": 1.0}),
