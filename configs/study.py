@@ -17,9 +17,9 @@ docs/demo_report.json; one seed, so its intervals cover evaluation noise only).
 (docs/study.md#the-full-studies; hours on 2 cores); its teachers' arms, claims (c) and (d), on
 the same five seeds: docs/study_two_full_teachers_report.json, (d) at both depths of its
 degradation (half the degraded chains right, and none: `self_teacher.also_correct_fractions`;
-seeds 0-2's `@0` arms were lent by a run at that depth). `four_domain,full`: seeds 0 and 1, every
-arm ((d) at both depths), docs/study_four_full_report.json (recorded in docs/records/four_full;
-seed 2 still to run). The reports of the previous
+seeds 0-2's `@0` arms were lent by a run at that depth). `four_domain,full`: seeds 0-2, every
+arm ((d) at both depths), docs/study_four_full_report.json (recorded in docs/records/four_full).
+The reports of the previous
 instrument, whose claim (a) was set by the experts' stop rule, are in docs/archive/stop_rule/.
 `four_domain`: its base recipe lands in the band on seeds 0-4 (docs/four_domain_band.json,
 docs/study.md#four-domains).
