@@ -139,8 +139,9 @@ def main():
   peak = matmul_rate(jax)
   results = dict(benchmark="rollout_vs_hf", command="python benchmarks/rollout_vs_hf.py "
                  + " ".join(sys.argv[1:]), config=vars(args), threads=threads,
-                 cpu=cpu_name(), date=datetime.date.today().isoformat(), platform=platform.platform(),
-                 jax=jax.__version__, torch=torch.__version__, sizes={})
+                 cpu=cpu_name(), date=datetime.date.today().isoformat(),
+                 platform=platform.platform(), jax=jax.__version__, torch=torch.__version__,
+                 sizes={})
   for size in args.size:
     model = build_hf_model(size)
     model_dir = tempfile.TemporaryDirectory()  # pylint: disable=consider-using-with

@@ -19,8 +19,8 @@ the same five seeds: docs/study_two_full_teachers_report.json, (d) at both depth
 degradation (half the degraded chains right, and none: `self_teacher.also_correct_fractions`;
 seeds 0-2's `@0` arms were lent by a run at that depth). `four_domain,full`: seeds 0-2, every
 arm ((d) at both depths), docs/study_four_full_report.json (recorded in docs/records/four_full).
-The reports of the previous
-instrument, whose claim (a) was set by the experts' stop rule, are in docs/archive/stop_rule/.
+The reports of the previous instrument, whose claim (a) was set by the experts' stop rule, are in
+docs/archive/stop_rule/.
 `four_domain`: its base recipe lands in the band on seeds 0-4 (docs/four_domain_band.json,
 docs/study.md#four-domains).
 """

@@ -797,7 +797,8 @@ def test_a_further_depth_of_the_degradation_is_a_recovery_group_of_its_own(tmp_p
       "(d) the degradation degrade@0 (noisy SFT, none right): math 60.0% → 10.0%; the recovery "
       "target 35.0%",
       "(d) to recover the degraded domain (degrade@0): self-teacher OPD vs GRPO: GRPO had not "
-      "reached the level when it stopped: saving ≥ 93.8% (≥ 16.0x fewer FLOPs, a bound that grows with GRPO's budget)"
+      "reached the level when it stopped: saving ≥ 93.8% (≥ 16.0x fewer FLOPs, a bound that "
+      "grows with GRPO's budget)"
   ], lines
   # A table per depth, each on its own target and reference, and both in the page's part.
   table = format_table(rep)
