@@ -454,10 +454,9 @@ def plot_map(data: dict, path) -> None:
         drawn += [100 * lo, 100 * hi]
       if math.isfinite(m):
         ax.plot([100 * m], [i + dy], "o", color=c, label=labels.pop(on, None))
-      xs = [100 * stats.number(x) for x in s.get("per_seed") or []]
-      sides = s.get("per_seed_bound") or [0] * len(xs)
+      seeds = stats.per_seed(s)
       for side, marker in ((0, "x"), (1, ">"), (-1, "<")):   # a censored seed: where it points
-        at = [x for x, sd in zip(xs, sides) if sd == side and math.isfinite(x)]
+        at = [100 * x for x, sd in seeds if sd == side and math.isfinite(x)]
         if at:
           ax.plot(at, [i + dy] * len(at), marker, color="C1", ms=5, label=labels.pop(side, None))
           drawn += at

@@ -262,15 +262,20 @@ def summarise(per_seed: Callable[[int, Mapping[str, np.ndarray | None]], dict],
   return out
 
 
+def per_seed(v: Mapping) -> list[tuple[float, int]]:
+  """Each seed's (value, bound side) of a summarised figure (`summarise`'s dict): nan for a
+  missing value; side 0 for an exact one, +1 / -1 for a censored "≥" / "≤" (a summary written
+  before "per_seed_bound" existed reads as exact on every seed)."""
+  xs = [number(x) for x in v.get("per_seed") or []]
+  return list(zip(xs, v.get("per_seed_bound") or [0] * len(xs)))
+
+
 def seed_signs(v: Mapping) -> list[int | None]:
   """Each seed's sign of a summarised figure (`summarise`'s dict, e.g. a saving): +1 or -1, or
   None where it is unknown: a censored value whose bound does not fix it ("≥ -20 %" or
-  "≤ +15 %"), nan, or exactly 0. A summary written before "per_seed_bound" existed reads as
-  exact on every seed."""
-  xs = [number(x) for x in v.get("per_seed") or []]
-  sides = v.get("per_seed_bound") or [0] * len(xs)
+  "≤ +15 %"), nan, or exactly 0 (`per_seed`)."""
   out = []
-  for x, side in zip(xs, sides):
+  for x, side in per_seed(v):
     sign = 1 if x > 0 else -1 if x < 0 else None   # nan compares False both ways
     out.append(sign if side == 0 or sign == side else None)
   return out

@@ -72,13 +72,6 @@ def _side(v: dict) -> int:
   return 1 if lo > 0 else -1 if hi < 0 else 0
 
 
-def _per_seed(v: dict) -> list[tuple[float, int]]:
-  """Each seed's (value, bound side) of a summarised figure: nan for a missing value, side 0 for
-  an exact one (a summary written before "per_seed_bound" existed reads as exact)."""
-  xs = [stats.number(x) for x in v.get("per_seed") or []]
-  return list(zip(xs, v.get("per_seed_bound") or [0] * len(xs)))
-
-
 def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -> str:
   """"4 of 5 seeds agree" for a verdict on the sign `side` of a figure (per_seed values), or for
   a figure not told from 0 (side 0) how many seeds fall on each side, in `words` (positive,
@@ -90,7 +83,7 @@ def _agree(v: dict, side: int, words: tuple[str, str] = ("cheaper", "dearer")) -
     return ""
   n = len(signs)
   # The seeds without a sign, each named once: censored, else nan, else exactly 0.
-  left = [xb for s, xb in zip(signs, _per_seed(v)) if s is None]
+  left = [xb for s, xb in zip(signs, stats.per_seed(v)) if s is None]
   open_ = sum(bound != 0 for _, bound in left)
   undefined = sum(bound == 0 and math.isnan(x) for x, bound in left)
   zero = sum(bound == 0 and x == 0 for x, bound in left)
@@ -184,7 +177,7 @@ def _on_seeds(s: dict) -> str:
   """" on 1 of 2 seeds" for a censored saving that is censored on some of its seeds only (the
   run reached the level on the others); "" when on every seed, or on one seed of one. A seed
   without a value (nan: neither arm reached the level there) counts as one where it had not."""
-  seeds = _per_seed(s)
+  seeds = stats.per_seed(s)
   short = sum(bound != 0 or math.isnan(x) for x, bound in seeds)
   return f" on {short} of {len(seeds)} seeds" if 0 < short < len(seeds) else ""
 
