@@ -26,8 +26,8 @@ MINI = [
     "--config.stop_size=16",
     "--config.eval.batch_size=4", "--config.eval.points=3", "--config.base.steps=20",
     # 16 rows an SFT step (the base's and both teachers'), not 128: a 20-step base scores
-    # nothing at either batch, and 128 rows were half of this study's CPU time (cold, alone:
-    # 156 CPU-seconds against 98).
+    # nothing at either batch, and 128 rows were over a third of this study's CPU time (cold,
+    # alone: 156 CPU-seconds against 98).
     "--config.base.batch_size=16",
     "--config.joint.steps=6", "--config.experts.steps=6", "--config.mopd.steps=6",
     "--config.external.teacher_sft_steps=4", "--config.external.steps=4",
