@@ -10,9 +10,10 @@ A checkpoint at loop step `s` holds two orbax items under `<workdir>/checkpoints
 Kept: the last `max_to_keep` steps, plus the best one by the metric passed to `save` (`keep_best`).
 
 Resume (`restore_latest`) walks the steps newest first. A step whose files cannot be read, whose
-JSON is garbage, or whose arrays do not match their checksums (orbax restores a wrong value stored in
-well-formed files silently; the checksum catches it) is reported with `logging.warning` naming the
-step and the fault, moved to `<workdir>/checkpoints_corrupt/`, and the previous step is tried.
+JSON is garbage, or whose arrays do not match their checksums (orbax restores a wrong value stored
+in well-formed files silently; the checksum catches it) is reported with `logging.warning` naming
+the step and the fault, moved to `<workdir>/checkpoints_corrupt/`, and the previous step is tried
+(and nothing else is printed: orbax's abandoned reads are drained, see `_draining_failed_reads`).
 A save cut short (kill -9) leaves an orbax `<s>.orbax-checkpoint-tmp-*` folder: it is reported and
 removed when the Checkpointer opens. A config that differs from the checkpoint's in a field that is
 not run-neutral is refused with `ConfigMismatchError` listing `field: old -> new`.
@@ -41,6 +42,8 @@ Typical loop (PreemptionGuard: smjax.preemption):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -80,6 +83,88 @@ _TMP_DIR = re.compile(r"^(?:.*_)?(\d+)\.orbax-checkpoint-tmp")
 # background writes first (a Checkpointer's own saves orbax already orders).
 _SAVE_LOCK = threading.Lock()
 _last_saver: "weakref.ref[Checkpointer] | None" = None
+
+# A restore whose files are damaged. orbax reads every shard as an asyncio task gathered on an
+# event loop of its own, and closes that loop as soon as the first read fails, leaving the other
+# reads pending: their TensorStore callbacks then find the loop closed ("RuntimeError: Event loop
+# is closed" from TensorStore's threads) and the garbage collector later closes their coroutines,
+# whose `except BaseException` turns GeneratorExit into a printed "Exception ignored in: <coroutine
+# _read_array_index_and_device_put>" with a TensorStore spec: a hundred tracebacks or more after
+# the one warning that a step is corrupt. While smjax restores, orbax's two loop runners (a fresh
+# loop on this thread; a uvloop on a thread of its own when this thread already runs a loop, as a
+# notebook does) cancel a loop's pending tasks and wait for them before closing it, as asyncio.run
+# does.
+# Measured with orbax 0.12.8 (tests/test_checkpoint.py); a runner orbax no longer has is left alone.
+try:
+  from orbax.checkpoint._src import asyncio_utils as _ocp_asyncio
+except ImportError:  # a later orbax, laid out otherwise
+  _ocp_asyncio = None
+_DRAIN_TIMEOUT_S = 30.0
+_drain_lock = threading.Lock()
+_drain_users = 0
+_orbax_runners: dict[str, Callable] = {}  # orbax's own, while the draining ones stand in
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> None:
+  pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+  for task in pending:
+    task.cancel()
+  if pending:
+    with contextlib.suppress(asyncio.TimeoutError):
+      loop.run_until_complete(asyncio.wait_for(
+          asyncio.gather(*pending, return_exceptions=True), _DRAIN_TIMEOUT_S))
+
+
+def _run_sync_via_new_loop(coro):
+  loop = asyncio.new_event_loop()
+  try:
+    asyncio.set_event_loop(loop)
+    try:
+      return loop.run_until_complete(coro)
+    except BaseException:
+      _cancel_pending(loop)
+      raise
+  finally:
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
+def _run_event_loop(loop: asyncio.AbstractEventLoop) -> None:
+  try:
+    loop.run_forever()
+    _cancel_pending(loop)
+  except BaseException as e:  # pylint: disable=broad-exception-caught
+    logging.info("orbax's background event loop ended: %r", e)
+  finally:
+    with contextlib.suppress(Exception):
+      loop.close()
+
+
+_DRAINING_RUNNERS = {"_run_sync_via_new_loop": _run_sync_via_new_loop,
+                     "_run_event_loop": _run_event_loop}
+
+
+@contextlib.contextmanager
+def _draining_failed_reads():
+  """orbax's loop runners swapped for the draining ones above while the block runs (the first of
+  several overlapping blocks installs them, the last puts orbax's back)."""
+  global _drain_users
+  with _drain_lock:
+    if _drain_users == 0:
+      _orbax_runners.update({name: getattr(_ocp_asyncio, name) for name in _DRAINING_RUNNERS
+                             if callable(getattr(_ocp_asyncio, name, None))})
+      for name in _orbax_runners:
+        setattr(_ocp_asyncio, name, _DRAINING_RUNNERS[name])
+    _drain_users += 1
+  try:
+    yield
+  finally:
+    with _drain_lock:
+      _drain_users -= 1
+      if _drain_users == 0:
+        for name, runner in _orbax_runners.items():
+          setattr(_ocp_asyncio, name, runner)
+        _orbax_runners.clear()
 
 
 class ConfigMismatchError(ValueError):
@@ -245,7 +330,8 @@ class Checkpointer:
     where = f"checkpoint step {step} ({self.directory / str(step)})"
     fix = "delete that step directory, or resume with restore_latest (which moves it aside)"
     try:
-      meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+      with _draining_failed_reads():
+        meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
       if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or (
           meta.get("step") != step):
         raise CorruptCheckpointError(f"{where}: its meta JSON is not a smjax v{FORMAT_VERSION} "
@@ -258,8 +344,9 @@ class Checkpointer:
     self._check_config(step, meta.get("config"))
     self._check_signature(step, meta["signature"], target)
     try:
-      state = self._mgr.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(_abstract(target)))).state
+      with _draining_failed_reads():
+        state = self._mgr.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(_abstract(target)))).state
     except Exception as e:
       raise CorruptCheckpointError(f"{where}: its arrays are unreadable ({type(e).__name__}: "
                                    f"{one_line(e)}); expected the files orbax wrote; {fix}") from e
