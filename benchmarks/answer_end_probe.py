@@ -83,7 +83,7 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default="", help="JSON file to write (default: print only)")
   args = ap.parse_args(argv)
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
   config = mlc.ConfigDict(read_json(os.path.join(args.workdir, "config.json"),
                                     "give a study's workdir", keys=("model",)))
   out = {"workdir": args.workdir, "prompts": args.prompts,

@@ -60,9 +60,9 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers as ocp_policy
 
 from smjax import paths
-from smjax.checkpoint_meta import (_abstract, _checksum_dict, _from_json, _host_rng_from_json,
-                                   _host_rng_to_json, _rng_from_json, _rng_to_json, _signature,
-                                   _to_json, config_diff, one_line)
+from smjax.checkpoint_meta import (_abstract, _checksum_dict, _host_rng_from_json,
+                                   _host_rng_to_json, _rng_from_json, _rng_to_json, _signature)
+from smjax.json_io import config_diff, from_json, one_line, to_json
 
 FORMAT_VERSION = 1
 
@@ -219,7 +219,7 @@ class Checkpointer:
     workdir = paths.resolve(workdir)  # orbax refuses relative paths; a URL stays as it is
     self.directory = epath.Path(workdir) / "checkpoints"
     self.quarantine = epath.Path(workdir) / "checkpoints_corrupt"
-    self.config = None if config is None else _to_json(config)
+    self.config = None if config is None else to_json(config)
     self.ignore_fields = tuple(ignore_fields)
     self.upgrade_saved_config = upgrade_saved_config
     self.verify = verify
@@ -287,8 +287,8 @@ class Checkpointer:
     meta = {
         "format": FORMAT_VERSION, "step": step, "time": time.time(),
         "rng": _rng_to_json(rng), "host_rng": _host_rng_to_json(host_rng),
-        "data_state": _to_json(data_state, "data_state"), "ledger": _to_json(ledger, "ledger"),
-        "extra": _to_json(extra, "extra"), "config": self.config,
+        "data_state": to_json(data_state, "data_state"), "ledger": to_json(ledger, "ledger"),
+        "extra": to_json(extra, "extra"), "config": self.config,
         "metric": None if metric is None else float(metric),
         "signature": _signature(state),
         # Dispatched before the caller's next step can donate `state`; fetched here.
@@ -356,13 +356,13 @@ class Checkpointer:
       if bad:
         raise CorruptCheckpointError(f"{where}: {len(bad)} array(s) do not match their saved "
                                      f"checksums: {', '.join(bad[:5])}; {fix}")
-    ledger = _from_json(meta.get("ledger"))
+    ledger = from_json(meta.get("ledger"))
     if ledger_type is not None and ledger is not None:
       ledger = ledger_type.from_dict(ledger)
     return Restored(state=state, step=step, rng=_rng_from_json(meta.get("rng")),
                     host_rng=_host_rng_from_json(meta.get("host_rng")),
-                    data_state=_from_json(meta.get("data_state")), ledger=ledger,
-                    extra=_from_json(meta.get("extra")), metric=meta.get("metric"),
+                    data_state=from_json(meta.get("data_state")), ledger=ledger,
+                    extra=from_json(meta.get("extra")), metric=meta.get("metric"),
                     config=meta.get("config"))
 
   def restore_latest(self, target: Any, *, ledger_type: Any = None) -> Restored | None:

@@ -73,7 +73,7 @@ def load_model(model_dir: str, *, min_seq_len: int = 0, chat_template: str = "au
 
 def _config_and_tokenizer(model_dir: str, chat_template: str = "auto"):
   # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import read_json
+  from smjax.json_io import read_json
   from smjax.models import hf
   from smjax.models.tokenizer import load_tokenizer
   cfg = hf.config_from_hf(model_dir)   # names config.json when the directory has none

@@ -1,7 +1,7 @@
 """`python tests/record_reads.py ARGS` runs `python -m smjax.main ARGS` recording which study
 config fields each phase really reads, into the JSON file named by $SMJAX_RECORD_READS.
 
-A finished phase is reused exactly when none of the fields it declares (smjax.study.phases,
+A finished phase is reused exactly when none of the fields it declares (smjax.study.layout,
 `read_fields`) changed, so a field a phase reads without declaring it would let a changed config
 reuse a stale result. Declarations are checked for consistency in test_experiment; this records
 what the code does: `ml_collections.ConfigDict.__getitem__` (attribute access goes through it) is
@@ -149,7 +149,7 @@ def undeclared(path: str) -> list[str]:
   reads), as lines naming the phase and the field; [] when the recording is consistent."""
   # pylint: disable=import-outside-toplevel
   from smjax.study.config import RUN_NEUTRAL_FIELDS
-  from smjax.study.phases import COMMON_READS
+  from smjax.study.layout import COMMON_READS
   with open(path) as f:
     segments = json.load(f)
   under = lambda field, reads: any(field == r or field.startswith(r + ".")  # noqa: E731

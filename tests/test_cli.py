@@ -449,8 +449,12 @@ def test_status_says_where_each_seeds_phases_stand(tmp_path):
   # The map: each cell (a directory holding a config.json), through the console script; a cell
   # whose `make regimes` log (<map>/<cell>.log) ends with an error shows it.
   (tmp_path / "map" / "cell.log").write_text("smjax: error: seed 1: base outside its band\n")
-  p = _smjax("status", str(tmp_path / "map"))
+  # ... without jax: what only reads a workdir starts in a fraction of a second.
+  p = _smjax("status", str(tmp_path / "map"), prelude=(
+      "import atexit; atexit.register(lambda: print('jax imported:', 'jax' in sys.modules, "
+      "file=sys.stderr)); "))
   assert p.returncode == 0 and p.stdout.startswith(f"{cell} (regimes/cell)"), p.stderr
+  assert p.stderr.strip() == "jax imported: False", p.stderr
   assert p.stdout.rstrip().endswith("ends with an error: smjax: error: seed 1: base outside its "
                                     "band"), p.stdout
   for bad, says in ((tmp_path / "nowhere", "no such workdir"), (tmp_path, "neither a study's")):

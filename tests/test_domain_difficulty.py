@@ -67,8 +67,8 @@ def test_the_global_difficulty_is_checked_per_domain_too():
 
 
 def test_domain_difficulty_is_read_by_every_phase_and_an_added_field():
-  from smjax.study import phases  # pylint: disable=import-outside-toplevel
-  assert "domain_difficulty" in phases.COMMON_READS
+  from smjax.study import layout  # pylint: disable=import-outside-toplevel
+  assert "domain_difficulty" in layout.COMMON_READS
   assert ADDED_FIELDS["domain_difficulty"]({}) == ""
   old = study_defaults().to_dict()
   del old["domain_difficulty"]   # a workdir's config from before the field

@@ -560,9 +560,9 @@ def test_kill9_grpo_and_opd_resume_exactly(study, cache, tmp_path):
 
 
 def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
-  from smjax.checkpoint import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.study import layout  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import config_diff  # pylint: disable=import-outside-toplevel
   from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel
-  from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
   from smjax.study.store import unread_fields  # pylint: disable=import-outside-toplevel
   c = study_config.study_defaults()
   c.phases = tuple(c.phases) + ("self_teacher",) if "self_teacher" not in c.phases else c.phases
@@ -576,10 +576,10 @@ def test_recovery_eval_refine_is_validated_and_only_touches_the_recovery_arms():
   default = int(finer.self_teacher.eval_refine)
   finer.self_teacher.eval_refine = 2 * default
   old = study_config.study_defaults()
-  ignored = lambda spec: unread_fields(old, ph.read_fields(spec))  # noqa: E731
-  for spec in (ph.BASE, ph.JOINT, ph.MOPD, ph.DEGRADE):   # reused as they are
+  ignored = lambda spec: unread_fields(old, layout.read_fields(spec))  # noqa: E731
+  for spec in (layout.BASE, layout.JOINT, layout.MOPD, layout.DEGRADE):   # reused as they are
     assert config_diff(old.to_dict(), finer.to_dict(), ignored(spec)) == [], spec.name
-  for spec in (ph.RECOVER_SELF, ph.RECOVER_GRPO, ph.RECOVER_EXTERNAL):   # rerun
+  for spec in (layout.RECOVER_SELF, layout.RECOVER_GRPO, layout.RECOVER_EXTERNAL):   # rerun
     assert config_diff(old.to_dict(), finer.to_dict(), ignored(spec)) == [
         f"self_teacher.eval_refine: {default} -> {2 * default}"], spec.name
 
@@ -606,13 +606,10 @@ def test_the_experts_stop_rule_and_the_refined_grids_are_validated(field, value,
 
 
 def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
-  from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
+  from smjax.study import layout  # pylint: disable=import-outside-toplevel
   from smjax.study.config import RUN_NEUTRAL_FIELDS  # pylint: disable=import-outside-toplevel
-  reads = {spec.name: set(ph.read_fields(spec)) for spec in (
-      ph.BASE, ph.JOINT, ph.EXPERT, ph.MOPD, ph.EXTERNAL_TEACHER, ph.EXTERNAL_OPD, ph.DEGRADE,
-      ph.RECOVER_SELF, ph.RECOVER_EXTERNAL, ph.RECOVER_GRPO, ph.CONTROL_TEACHER, ph.CONTROL_OPD,
-      ph.BASE_STRONG, ph.JOINT_STRONG)}
-  common = set(ph.COMMON_READS)
+  reads = {spec.name: set(layout.read_fields(spec)) for spec in layout.SPECS}
+  common = set(layout.COMMON_READS)
   assert reads["base"] == common | {"base"}
   assert reads["joint_grpo"] == common | {"base", "rl", "joint"}
   # Strong-to-weak: the experts' bigger model (experts.preset) SFT'd as the base is, and joint
@@ -645,26 +642,27 @@ def test_each_phase_reads_what_it_declares_and_what_it_starts_from():
 def test_each_phase_declares_its_step_cap_once_and_reads_it():
   """A phase's cap is one declared field (what the phase runs to and `smjax status` shows "of"),
   a field of the schema that its result depends on; each workdir directory finds its phase."""
-  from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
+  from smjax.study import layout  # pylint: disable=import-outside-toplevel
   from smjax.study.config import study_defaults  # pylint: disable=import-outside-toplevel
   c = study_defaults()
   as_json = json.loads(c.to_json())
-  for spec in ph.SPECS:
+  for spec in layout.SPECS:
     section = spec.cap.partition(".")[0]
-    assert spec.cap and any(r in (spec.cap, section) for r in ph.read_fields(spec)), spec.name
+    assert spec.cap and any(r in (spec.cap, section) for r in layout.read_fields(spec)), spec.name
     assert spec.steps(c) == spec.steps(as_json) > 0, spec.name
   assert c.experts.steps != c.joint.steps   # so that the lookups below tell them apart
-  assert ph.spec_of("expert_math").steps(c) == c.experts.steps
-  assert ph.spec_of("joint_grpo").steps(c) == c.joint.steps
-  assert ph.spec_of("mopd@0.9") is ph.MOPD and ph.spec_of("recover_self@0") is ph.RECOVER_SELF
-  assert ph.spec_of("degrade@0.25").cap == "self_teacher.degrade_steps"
-  assert ph.spec_of("report") is None and ph.spec_of("logs") is None
+  assert layout.spec_of("expert_math").steps(c) == c.experts.steps
+  assert layout.spec_of("joint_grpo").steps(c) == c.joint.steps
+  assert layout.spec_of("mopd@0.9") is layout.MOPD
+  assert layout.spec_of("recover_self@0") is layout.RECOVER_SELF
+  assert layout.spec_of("degrade@0.25").cap == "self_teacher.degrade_steps"
+  assert layout.spec_of("report") is None and layout.spec_of("logs") is None
 
 
 def test_a_field_added_to_the_schema_keeps_earlier_workdirs_comparable():
   """A config saved before model.chat_template existed compares as it ran: a toy study (raw
   prompts = "auto" on the char tokenizer) as the defaults, an HF study as "none"."""
-  from smjax.checkpoint import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import config_diff  # pylint: disable=import-outside-toplevel
   from smjax.study import config as study_config  # pylint: disable=import-outside-toplevel
   now = study_config.study_defaults().to_dict()
   old = json.loads(json.dumps(now))

@@ -60,7 +60,7 @@ def test_the_recorded_cells_are_still_the_cells_the_code_defines():
   run-neutral fields), so a change to a cell that has run (its bars, say) is caught here, not as a
   refused resume; the cells run after those carry the finer bars and the FLOP-spanning plateau."""
   import json  # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import config_diff  # pylint: disable=import-outside-toplevel
   records = os.path.join(ROOT, "docs", "regimes", "records")
   recorded = sorted(d for d in os.listdir(records) if os.path.isdir(os.path.join(records, d)))
   assert recorded
@@ -90,7 +90,7 @@ def test_the_recorded_distillations_end_where_their_own_rule_replayed_ends_them(
   recorded MOPD run's end where it ended (its run-on past its capture-and-flat stop, or its cap),
   so that its replay under the other rule reads the same runs the way the study would have."""
   import ml_collections as mlc  # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
   from smjax.study.report import replay_distillation, split_sets  # pylint: disable=C0415
   from smjax.study.run import flat_rule_replay, load_arms  # pylint: disable=C0415
   records = os.path.join(ROOT, "docs", "regimes", "records")
@@ -139,7 +139,7 @@ def test_shared_even_is_the_full_two_domain_study_and_shares_its_seeds(tmp_path,
   config.json; a study of another config, a cell that is the same as no study, and a seed the
   cell ran on its own are one-line refusals."""
   import json  # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import config_diff  # pylint: disable=import-outside-toplevel
   full = _study_config("two_domain,full")
   cell = regimes.cell_config("shared_even")
   assert config_diff(full.to_dict(), cell.to_dict(), study_config.RUN_NEUTRAL_FIELDS) == []
@@ -182,7 +182,7 @@ def test_strong_to_weak_shares_the_full_studys_student_base_and_joint_grpo(tmp_p
   phases of that study's seeds (finished ones only) with each seed's evaluation grid, copied; a
   study differing in a field they read, and a cell seed on another grid, are refused."""
   import json  # pylint: disable=import-outside-toplevel
-  from smjax.checkpoint_meta import config_diff  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import config_diff  # pylint: disable=import-outside-toplevel
   full = _study_config("two_domain,full")
   cell = regimes.cell_config("strong_to_weak")
   whole = config_diff(full.to_dict(), cell.to_dict(), study_config.RUN_NEUTRAL_FIELDS)

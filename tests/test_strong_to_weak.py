@@ -18,13 +18,14 @@ import jax
 import numpy as np
 import pytest
 
-from smjax.checkpoint import config_diff
 from smjax.flops import analytic_flops
+from smjax.json_io import config_diff
 from smjax.ledger import FlopLedger
 from smjax.models.presets import get_preset
 from smjax.models.transformer import init_params
 from smjax.study import config as study_config
 from smjax.study import export as export_lib
+from smjax.study import layout
 from smjax.study import render
 from smjax.study.report import ArmResult
 from smjax.study.run import start_study
@@ -123,7 +124,6 @@ def test_an_experts_preset_too_short_for_prompt_and_answer_is_refused_at_start(t
 def test_experts_preset_keeps_earlier_workdirs_comparable():
   """A config saved before experts.preset existed compares as the default "" (the experts were
   the student's model); only the phases that read it see a strong-to-weak config as changed."""
-  from smjax.study import phases as ph  # pylint: disable=import-outside-toplevel
   from smjax.study.store import unread_fields  # pylint: disable=import-outside-toplevel
   now = study_config.study_defaults()
   old = json.loads(json.dumps(now.to_dict()))
@@ -131,10 +131,10 @@ def test_experts_preset_keeps_earlier_workdirs_comparable():
   assert config_diff(study_config.upgrade_old_config(old), now.to_dict()) == []
   strong = study_config.study_defaults()
   strong.experts.preset = EXPERTS
-  for spec, changed in ((ph.BASE, False), (ph.JOINT, False), (ph.BASE_STRONG, True),
-                        (ph.JOINT_STRONG, True), (ph.EXPERT, True), (ph.MOPD, True)):
+  for spec, changed in ((layout.BASE, False), (layout.JOINT, False), (layout.BASE_STRONG, True),
+                        (layout.JOINT_STRONG, True), (layout.EXPERT, True), (layout.MOPD, True)):
     diff = config_diff(study_config.upgrade_old_config(old), strong.to_dict(),
-                       unread_fields(strong, ph.read_fields(spec)))
+                       unread_fields(strong, layout.read_fields(spec)))
     assert diff == (["experts.preset: '' -> 'toy-small'"] if changed else []), spec.name
 
 

@@ -440,7 +440,7 @@ def test_a_further_depth_of_the_degradation_is_the_phase_a_study_at_that_depth_r
   import dataclasses  # pylint: disable=import-outside-toplevel
   import json  # pylint: disable=import-outside-toplevel
   from smjax import checkpoint as ckpt_lib  # pylint: disable=import-outside-toplevel
-  from smjax.study import phases as ph, run, store  # pylint: disable=import-outside-toplevel
+  from smjax.study import layout, run, store  # pylint: disable=import-outside-toplevel
   c = study_defaults()
   c.self_teacher.also_correct_fractions = (0.0, 0.2)
   validate(c)
@@ -480,7 +480,7 @@ def test_a_further_depth_of_the_degradation_is_the_phase_a_study_at_that_depth_r
   lent = dst / "seed_0" / "degrade@0"
   assert lent.resolve() == (src / "seed_0" / "degrade").resolve()
   assert not (dst / "seed_0" / "degrade").exists()
-  reads = ph.read_fields(ph.DEGRADE)
+  reads = layout.read_fields(layout.DEGRADE)
   # Loaded under the configured depth's config it is refused; under the depth's own, its config
   # is accepted (and only its missing parameters are reported).
   with pytest.raises(ckpt_lib.ConfigMismatchError, match="degrade_correct_fraction"):

@@ -15,6 +15,8 @@ import os
 import zlib
 from typing import Any, Mapping, Sequence
 
+from smjax.json_io import one_line
+
 # field -> (accepted types, aliases, description of what is expected)
 Schema = Mapping[str, tuple[tuple[type, ...], tuple[str, ...], str]]
 
@@ -29,18 +31,14 @@ CODE_SCHEMA: Schema = {
 }
 
 
-def _one_line(e: BaseException) -> str:
-  return " ".join(str(e).split())[:200]
-
-
 def _read_parquet(path: str) -> list[tuple[str, Any]]:
   import pyarrow as pa  # pylint: disable=import-outside-toplevel
   import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
   try:
     rows = pq.read_table(path).to_pylist()
   except (pa.ArrowException, OSError) as e:  # ArrowInvalid: not Parquet, or a truncated footer
-    raise ValueError(f"{path}: not a readable Parquet file ({_one_line(e)}); expected a Parquet "
-                     "table with one row per record; re-export or re-download it") from None
+    raise ValueError(f"{path}: not a readable Parquet file ({one_line(e, 200)}); expected a "
+                     "Parquet table with one row per record; re-export or re-download it") from None
   return [(f"row {i + 1}", rec) for i, rec in enumerate(rows)]
 
 
@@ -68,8 +66,8 @@ def _read_jsonl(path: str) -> list[tuple[str, Any]]:
     if not path.endswith(".gz"):
       raise
     raise ValueError(f"{path}: the gzip stream is truncated or corrupt after line {i} "
-                     f"({type(e).__name__}: {_one_line(e)}); expected a complete gzip file of JSON "
-                     "lines; re-download or re-compress it (gzip -t checks it)") from None
+                     f"({type(e).__name__}: {one_line(e, 200)}); expected a complete gzip file "
+                     "of JSON lines; re-download or re-compress it (gzip -t checks it)") from None
   return out
 
 

@@ -44,7 +44,7 @@ def _token_text(value: Any) -> str | None:
 def special_tokens(model_dir: str, config: Mapping[str, Any] | None = None) -> dict[str, str]:
   """{name: token text} of the named special tokens set in tokenizer_config.json (`config`, when
   already read), with special_tokens_map.json filling the names it leaves unset."""
-  from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+  from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
   if config is None:
     file = os.path.join(model_dir, "tokenizer_config.json")
     config = read_json(file, "re-download it from the model's repository") \
@@ -71,7 +71,7 @@ def read_chat_template(model_dir: str, config: Mapping[str, Any] | None = None
   if config is None:
     if not os.path.exists(file):
       return None
-    from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+    from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
     config = read_json(file, "re-download it from the model's repository")
   value = config.get("chat_template")
   if value is None or value == "":

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import ml_dtypes
 import numpy as np
 
-from smjax.checkpoint_meta import read_json, require_keys
+from smjax.json_io import read_json, require_keys
 from smjax.models.safetensors_io import HFWeights, write_safetensors
 from smjax.models.transformer import ModelConfig, RopeScaling
 

@@ -14,7 +14,7 @@ import os
 import ml_dtypes
 import numpy as np
 
-from smjax.checkpoint_meta import one_line, read_json
+from smjax.json_io import one_line, read_json
 
 _ST_DTYPES = {
     "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),

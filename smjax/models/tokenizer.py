@@ -93,7 +93,7 @@ class HFTokenizer:
     config = {}
     config_file = os.path.join(os.path.dirname(file), "tokenizer_config.json")
     if os.path.exists(config_file):
-      from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+      from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
       config = read_json(config_file, "re-download it from the model's repository, or delete it "
                          "and pass eos_token= (and pad_token=, bos_token=)")
 
@@ -169,7 +169,7 @@ def load_tokenizer(path: str, chat_template: str = "auto") -> Tokenizer:
   `chat_template` ("auto": the directory's chat template where it has one; "none")."""
   config_file = os.path.join(path, "tokenizer_config.json")
   if os.path.exists(config_file):
-    from smjax.checkpoint_meta import read_json  # pylint: disable=import-outside-toplevel
+    from smjax.json_io import read_json  # pylint: disable=import-outside-toplevel
     config = read_json(config_file, "re-download it from the model's repository, or export the "
                        "model again")
     if config.get(CHAR_MARK) == "char":

@@ -7,8 +7,8 @@ its name (`domain_keys`), which the self_teacher and base.domain_correct_fractio
 
 Config files in configs/ start from `study_defaults()` and change values; the dict is locked, so an
 unknown field or a misspelt `--config.x=...` override is an error naming the field. `validate`
-checks values before anything runs. Which fields each phase reads is declared beside the phase
-(smjax.study.phases), and decides when a finished phase may be reused (smjax.study.store).
+checks values before anything runs. Which fields each phase reads is declared with the phase
+(smjax.study.layout), and decides when a finished phase may be reused (smjax.study.store).
 """
 
 from __future__ import annotations

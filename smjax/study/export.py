@@ -44,7 +44,7 @@ import tempfile
 import ml_collections as mlc
 
 from smjax import paths
-from smjax.checkpoint_meta import read_json
+from smjax.json_io import read_json
 from smjax.study.records import ARMS_FILE   # not run's: run pulls in every phase
 from smjax.study.rules import AT_RULE
 

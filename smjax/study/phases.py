@@ -1,11 +1,12 @@
-"""The phases of a study, each with the config fields it reads declared beside it.
+"""The phases of a study: what each one runs.
 
 A phase is a function of the seed's shared record (smjax.study.shared) and its inputs that returns
 a `PhaseOutput` (final parameters, FLOP ledger, accuracy curve), run through the phase store
 (smjax.study.store) so that a finished phase is reused and an interrupted one resumes. Its
-`PhaseSpec` says which config sections or fields its result depends on and which phases' outputs
-it starts from; `read_fields` adds theirs and the ones every phase reads (`COMMON_READS`), and
-a finished phase is reused exactly when none of those fields changed.
+declaration (`PhaseSpec`, smjax.study.layout) says which config sections or fields its result
+depends on and which phases' outputs it starts from; `read_fields` adds theirs and the ones every
+phase reads (`COMMON_READS`), and a finished phase is reused exactly when none of those fields
+changed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from smjax.preemption import PreemptionGuard
 from smjax.rollout import Sampler
 from smjax.study import store
 from smjax.study.config import TEACHER_EXTRA_TOKENS, correct_fractions, domain_keys
+from smjax.study.layout import (BASE, CONTROL_TEACHER, DEGRADE, EXTERNAL_TEACHER, PhaseSpec,
+                                read_fields)
 from smjax.study.shared import SeedShared, make_evaluator, state_shardings
 from smjax.study.store import PhaseOutput
 from smjax.train import state as state_lib
@@ -41,54 +44,11 @@ from smjax.train.teachers import TeacherRouter
 
 log = logging.getLogger(__name__)
 
-# Every phase reads these: the model and data, and the evaluation every curve is made of
-# (rl.max_new_tokens and rl.temperature are also the evaluation sampler's).
-COMMON_READS = ("model", "mesh", "domains", "difficulty", "domain_difficulty", "form",
-                "heldout_size", "stop_size", "eval",
-                "rl.max_new_tokens", "rl.temperature")
 # The base's band is measured with this many samples per held-out prompt (pass@8).
 BAND_SAMPLES = 8
 
 
-@dataclasses.dataclass(frozen=True)
-class PhaseSpec:
-  """A phase's name (its directory; `expert_` names one per domain), the config sections or
-  fields its result depends on, the phases whose outputs it starts from, and the config field
-  that holds its step cap (`cap`, dotted; an SFT phase runs all of them, an RL phase stops at
-  them unless its rule stops it first)."""
-  name: str
-  reads: tuple[str, ...]
-  after: tuple[PhaseSpec, ...] = ()
-  cap: str = ""
-
-  def dir(self, suffix: str = "") -> str:
-    return self.name + suffix
-
-  def steps(self, config) -> int:
-    """Its step cap in `config` (a ConfigDict, or a workdir's config.json as a dict)."""
-    section, _, field = self.cap.partition(".")
-    return int(config[section][field])
-
-
-def read_fields(spec: PhaseSpec) -> tuple[str, ...]:
-  """Every config field `spec`'s result depends on: its own, its inputs' (transitively) and the
-  common ones."""
-  out = list(COMMON_READS)
-  todo = [spec]
-  while todo:
-    s = todo.pop()
-    out.extend(s.reads)
-    todo.extend(s.after)
-  return tuple(dict.fromkeys(out))
-
-
 # ------------------------------------------------------------------------------ the base model
-
-BASE = PhaseSpec("base", reads=("base",), cap="base.steps")
-# Strong-to-weak (experts.preset set): the experts' bigger model SFT'd exactly as the base is,
-# from a random init of that preset; the experts and joint_grpo_strong start from it.
-BASE_STRONG = PhaseSpec("base_strong", reads=("base", "experts.preset"), cap="base.steps")
-
 
 def flaw_mixture(domains: dict, correct_fraction: dict[str, float]):
   """The base's training mixture (chain form): each example's chain with its mistake sites
@@ -356,15 +316,6 @@ def rl_phase(shared: SeedShared, workdir: str, spec: PhaseSpec, phase: str, *, a
 
 # ------------------------------------------------------------------- the external teacher
 
-_TEACHER_SFT = ("external.teacher_sft_steps", "external.teacher_learning_rate",
-                "external.teacher_seq_len")
-EXTERNAL_TEACHER = PhaseSpec("external_teacher", reads=("external.teacher_preset",) + _TEACHER_SFT,
-                             after=(BASE,), cap="external.teacher_sft_steps")
-# The control teacher: the student's architecture, SFT'd like the external teacher on plain chains.
-CONTROL_TEACHER = PhaseSpec("control_teacher", reads=_TEACHER_SFT, after=(BASE,),
-                            cap="external.teacher_sft_steps")
-
-
 def verbose(example):
   """The external teacher's style: the solution, then the problem restated with its answer on a
   line of its own (verifiers read the first line only, so it stays correct, just longer)."""
@@ -425,33 +376,6 @@ def _teacher_sft(shared: SeedShared, workdir: str, spec: PhaseSpec, cfg, transfo
                          fn)
 
 
-# ------------------------------------------------------------------ the RL phases' declarations
-
-JOINT = PhaseSpec("joint_grpo", reads=("rl", "joint"), after=(BASE,), cap="joint.steps")
-# An expert keeps checkpoints at bars of joint GRPO's gain (experts.bars) and stops past the last
-# one, so it starts from joint GRPO's result; every arm with a stop rule runs on past it.
-# With experts.preset set it grows from base_strong instead of the base.
-EXPERT = PhaseSpec("expert_", reads=("rl", "experts", "report.reference_arm", "run_on"),
-                   after=(BASE, BASE_STRONG, JOINT), cap="experts.steps")   # expert_<domain>
-# Strong-to-weak: joint GRPO on the experts' bigger model, from base_strong (an arm beside the
-# reference, joint_grpo, not a route of the frontier).
-JOINT_STRONG = PhaseSpec("joint_grpo_strong", reads=("rl", "joint"), after=(BASE_STRONG,),
-                        cap="joint.steps")
-MOPD = PhaseSpec("mopd", reads=("opd", "mopd", "run_on"), after=(EXPERT,),
-                cap="mopd.steps")  # mopd[@<bar>]
-_EXTERNAL_OPD = ("rl", "opd", "external.steps", "external.max_new_tokens", "external.to_cap",
-                 "run_on", "report.target_fraction", "report.reference_arm")
-EXTERNAL_OPD = PhaseSpec("external_opd", reads=_EXTERNAL_OPD, after=(EXTERNAL_TEACHER,),
-                        cap="external.steps")
-CONTROL_OPD = PhaseSpec("control_opd", reads=_EXTERNAL_OPD, after=(CONTROL_TEACHER,),
-                       cap="external.steps")
-# Claim (d): the joint model trained further on one domain, then that domain's loss recovered.
-DEGRADE = PhaseSpec("degrade", reads=(
-    "self_teacher.degrade", "self_teacher.degrade_domain", "self_teacher.degrade_steps",
-    "self_teacher.degrade_learning_rate", "self_teacher.degrade_correct_fraction",
-    "self_teacher.recover_domain"), after=(JOINT,), cap="self_teacher.degrade_steps")
-
-
 def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
                       name: str = DEGRADE.name) -> PhaseOutput:
   """Claim (d)'s degradation by noisy data (self_teacher.degrade="noisy_sft"): the joint model
@@ -488,27 +412,3 @@ def phase_degrade_sft(shared: SeedShared, workdir: str, joint: PhaseOutput,
       _eval_line(c, name, n, fields, ledger)
     return PhaseOutput(state.params, ledger, [_point(n, fields)], {})
   return store.run_phase(workdir, c, name, read_fields(DEGRADE), shared.abstract_params(), fn)
-# The recovery arms run their whole budget: their target (self_teacher.recover_target_fraction)
-# is the report's to read off their curves, and self_teacher.min_loss is checked between the
-# phases (smjax.study.run.check_degradation); neither changes what a recovery phase computes.
-_RECOVER = ("self_teacher.recover_domain", "self_teacher.recover_steps",
-            "self_teacher.eval_refine")
-RECOVER_SELF = PhaseSpec("recover_self", reads=("opd",) + _RECOVER, after=(DEGRADE,),
-                        cap="self_teacher.recover_steps")
-RECOVER_EXTERNAL = PhaseSpec("recover_external", reads=("opd",) + _RECOVER,
-                             after=(DEGRADE, EXTERNAL_TEACHER), cap="self_teacher.recover_steps")
-RECOVER_GRPO = PhaseSpec("recover_grpo", reads=_RECOVER, after=(DEGRADE,),
-                        cap="self_teacher.recover_steps")
-
-# Every phase's declaration, for what reads a workdir by its phases' directories
-# (smjax.study.status).
-SPECS = (BASE, BASE_STRONG, EXTERNAL_TEACHER, CONTROL_TEACHER, JOINT, EXPERT, JOINT_STRONG, MOPD,
-         EXTERNAL_OPD, CONTROL_OPD, DEGRADE, RECOVER_SELF, RECOVER_EXTERNAL, RECOVER_GRPO)
-
-
-def spec_of(directory: str) -> PhaseSpec | None:
-  """The declaration of the phase whose directory is `directory` (`expert_<domain>`, a suffix
-  from "@" on: `mopd@0.9`, `recover_self@0`), None for a name no phase has."""
-  name = directory.partition("@")[0]
-  return next((s for s in SPECS if s.name == name or (s.name.endswith("_") and
-                                                      name.startswith(s.name))), None)

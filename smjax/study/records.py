@@ -28,7 +28,7 @@ import gzip
 import json
 
 from smjax import paths
-from smjax.checkpoint_meta import config_diff, read_json, require_keys
+from smjax.json_io import config_diff, read_json, require_keys
 
 RECORD_FILE = "record.json"
 ARMS_FILE = "arms.json"   # smjax.study.run.ARMS_FILE; a record holds it gzipped (ARMS_GZ)

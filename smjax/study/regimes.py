@@ -43,8 +43,8 @@ import ml_collections as mlc
 import numpy as np
 
 from smjax import paths
-from smjax.checkpoint_meta import config_diff, read_json
-from smjax.study import rules, stats
+from smjax.json_io import config_diff, read_json
+from smjax.study import layout, rules, stats
 from smjax.study.verdicts import (FRONTIER_READINGS, JOINT_AT_BARS, REPLAYED, cell_reading,
                                   claim_a_head)
 
@@ -230,11 +230,10 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   study_cfg = paths.join(study_workdir, "config.json")
   old = read_json(study_cfg, f"give the workdir of a study run with {spec.same_as}")
   config = cell_config(name)
-  # pylint: disable-next=import-outside-toplevel
-  from smjax.study import phases, store
+  from smjax.study import store  # pylint: disable=import-outside-toplevel
   if spec.shares:
-    specs = {v.name: v for v in vars(phases).values() if isinstance(v, phases.PhaseSpec)}
-    reads = tuple(dict.fromkeys(f for p in spec.shares for f in phases.read_fields(specs[p])))
+    specs = {s.name: s for s in layout.SPECS}
+    reads = tuple(dict.fromkeys(f for p in spec.shares for f in layout.read_fields(specs[p])))
     ignored = store.unread_fields(config, reads)
   else:
     ignored = RUN_NEUTRAL_FIELDS
@@ -247,7 +246,7 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   if spec.shares:
     linked = store.lend(study_workdir, cell_dir, spec.shares)   # refusals before any write
   else:
-    seeds = store.seed_dirs(study_workdir)
+    seeds = layout.seed_dirs(study_workdir)
     if not seeds:
       raise ValueError(f"{study_workdir}: no seed_<k> directories to share")
     todo = store.new_links(   # every refusal before anything is written

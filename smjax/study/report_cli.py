@@ -19,7 +19,7 @@ import sys
 import ml_collections as mlc
 
 from smjax import paths
-from smjax.checkpoint_meta import read_json
+from smjax.json_io import read_json
 
 
 def main(argv: list[str] | None = None) -> int:

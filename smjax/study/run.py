@@ -45,8 +45,9 @@ from smjax import distributed, paths
 from smjax import domains as domains_lib
 from smjax.checkpoint import ConfigMismatchError
 from smjax.preemption import PreemptionGuard
-from smjax.checkpoint_meta import config_diff, read_json
+from smjax.json_io import config_diff, read_json
 from smjax.models.presets import get_preset
+from smjax.study import layout
 from smjax.study import phases as ph
 from smjax.study import store
 from smjax.study.config import (domain_keys, external_max_new_tokens, hard_domains, study_defaults,
@@ -193,7 +194,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     return ph.rl_phase(on, workdir, spec, name, **kw)
   joint = None
   if "joint" in phases or "self_teacher" in phases:
-    joint = rl(ph.JOINT, ph.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
+    joint = rl(layout.JOINT, layout.JOINT.name, algo=ph.grpo(shared), init_params=base.params,
                domains=domains, stream_seed=10,
                eval_refine=int(config.joint.eval_refine))
     arms.append(_arm("joint_grpo", seed, joint))
@@ -201,8 +202,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
   # after joint GRPO has fixed the seed's evaluation grid with the student's step.
   grown_base, preset = base, grown.model_cfg.name
   if grown is not shared:
-    grown_base = ph.phase_base(grown, workdir, ph.BASE_STRONG)
-    arms.append(ArmResult(ph.BASE_STRONG.name, seed, grown_base.curve, {},
+    grown_base = ph.phase_base(grown, workdir, layout.BASE_STRONG)
+    arms.append(ArmResult(layout.BASE_STRONG.name, seed, grown_base.curve, {},
                           note=f"{preset} SFT'd as the base is; the experts' start; not in any "
                           "arm's FLOPs"))
   # Split-then-merge is charged its cheapest route to each accuracy level: each expert keeps its
@@ -224,7 +225,7 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     refine = int(config.experts.eval_refine)
 
     def expert(i, d):
-      return rl(ph.EXPERT, ph.EXPERT.dir(domains_lib.domain_label(d)), on=grown,
+      return rl(layout.EXPERT, layout.EXPERT.dir(domains_lib.domain_label(d)), on=grown,
                 algo=ph.grpo(grown), init_params=grown_base.params, domains=[d],
                 stream_seed=20 + i, eval_refine=refine, stop_at=bars[d].get(last_bar),
                 prompts_per_step=per_step, snapshot_at=bars[d])
@@ -233,14 +234,14 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     experts = dict(zip(domains, _side_by_side(
         lambda x: expert(*x), list(enumerate(domains)), workers if joint is not None else 1)))
     for d in domains:
-      name = ph.EXPERT.dir(domains_lib.domain_label(d))
+      name = layout.EXPERT.dir(domains_lib.domain_label(d))
       arms.append(_arm(name, seed, experts[d],
                        note=f"GRPO on {d} only, {per_step} prompts per step" + (
                            "" if grown is shared else f", {preset} from base_strong"),
                        reached=experts[d].extra.get("reached") if bars[d] else None,
                        experts_at=experts[d].extra.get("snapshots") or {}))
     if "mopd" in phases:
-      names = {d: ph.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
+      names = {d: layout.EXPERT.dir(domains_lib.domain_label(d)) for d in experts}
       template = grown.abstract_params()
       plateau = (int(config.mopd.plateau_evals), float(config.mopd.plateau_tol),
                  float(config.mopd.plateau_flops_fraction))
@@ -256,8 +257,8 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
         teacher_acc = {d: rules.stop_accuracy(_point_at(experts[d].curve, m["step"]))[d]
                        for d, m in members.items()}
         expert_flops = sum(m["flops"] for m in members.values())
-        return rl(ph.MOPD, ph.MOPD.name + arm.removeprefix("split_merge"), algo=ph.opd(shared),
-                  init_params=base.params, domains=domains,
+        return rl(layout.MOPD, layout.MOPD.name + arm.removeprefix("split_merge"),
+                  algo=ph.opd(shared), init_params=base.params, domains=domains,
                   stream_seed=30, flops_offset=expert_flops,
                   router=shared.teacher_router(teachers), eval_refine=refine,
                   stop_at=rules.all_rules(
@@ -284,10 +285,10 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     # Joint GRPO on the bigger model: a second reference beside the frontier, not a route of it,
     # so it runs after the routes (its whole budget at the bigger size is the cell's longest
     # phase; nothing else reads it, and each phase's streams are its own, so order is neutral).
-    strong = rl(ph.JOINT_STRONG, ph.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
+    strong = rl(layout.JOINT_STRONG, layout.JOINT_STRONG.name, on=grown, algo=ph.grpo(grown),
                 init_params=grown_base.params, domains=domains,
                 stream_seed=10, eval_refine=int(config.joint.eval_refine))
-    arms.append(_arm(ph.JOINT_STRONG.name, seed, strong,
+    arms.append(_arm(layout.JOINT_STRONG.name, seed, strong,
                      note=f"joint GRPO on {preset} from base_strong (beside the "
                      "reference, not a route of the frontier)"))
   external = None
@@ -305,13 +306,13 @@ def run_seed(config: mlc.ConfigDict, seed: int, workdir: str,
     # chains), each under MOPD's capture rule plus the report's level, both on the stop set, with
     # the student's token cap raised to the teacher's (external.max_new_tokens); side by side.
     # With external.to_cap the rule only marks its end: both run on to their cap.
-    teachers = [(ph.EXTERNAL_OPD, "external", external,
+    teachers = [(layout.EXTERNAL_OPD, "external", external,
                  get_preset(config.external.teacher_preset), 40)]
     if control:
       arms.append(ArmResult("control_teacher", seed, control[0].curve, {},
                             note="the student's architecture SFT'd on plain chains, as the "
                             "external teacher on verbose ones; not charged to any arm"))
-      teachers.append((ph.CONTROL_OPD, "control", control[0], shared.model_cfg, 41))
+      teachers.append((layout.CONTROL_OPD, "control", control[0], shared.model_cfg, 41))
     cap, ref = external_max_new_tokens(config), reference()
 
     def teacher_opd(t):
@@ -409,7 +410,7 @@ class DegradationError(ValueError):
 
 
 def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
-                      degraded: PhaseOutput, phase: str = ph.DEGRADE.name) -> None:
+                      degraded: PhaseOutput, phase: str = layout.DEGRADE.name) -> None:
   """The degrade phase (`phase`: a further depth's is degrade@<f>) must cost the recovered domain
   at least self_teacher.min_loss of accuracy (read on the stop set, like the base's band on the
   report set), or the recovery target sits within noise of where recovery starts and no
@@ -423,8 +424,8 @@ def check_degradation(config: mlc.ConfigDict, seed: int, joint: PhaseOutput,
                 if st.degrade == "grpo" else
                 (f"{st.degrade_steps} noisy SFT steps on {rec}" + (
                     f" ({phase}: {100 * float(st.degrade_correct_fraction):g}% of them right)"
-                    if phase != ph.DEGRADE.name else ""),
-                 "lower self_teacher.degrade_correct_fraction" if phase == ph.DEGRADE.name
+                    if phase != layout.DEGRADE.name else ""),
+                 "lower self_teacher.degrade_correct_fraction" if phase == layout.DEGRADE.name
                  else "lower that depth in self_teacher.also_correct_fractions"))
     raise DegradationError(
         f"seed {seed}: {how} cost {rec} only "
@@ -459,9 +460,9 @@ def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: Pha
   needs to get back recover_target_fraction of what the degradation lost."""
   st = shared.config.self_teacher
   deg_d, rec_d = st.degrade_domain, st.recover_domain
-  start = ph.DEGRADE.name + suffix
+  start = layout.DEGRADE.name + suffix
   if st.degrade == "grpo":
-    degraded = ph.rl_phase(shared, workdir, ph.DEGRADE, start, algo=ph.grpo(shared),
+    degraded = ph.rl_phase(shared, workdir, layout.DEGRADE, start, algo=ph.grpo(shared),
                            init_params=joint.params, domains=[deg_d],
                            stream_seed=50)
     how = f"joint model trained {st.degrade_steps} more GRPO steps on {deg_d}"
@@ -476,11 +477,11 @@ def _recover(shared: SeedShared, workdir: str, joint: PhaseOutput, external: Pha
   opd, grpo = ph.opd(shared), ph.grpo(shared)
   # Each route's teacher is made as its phase starts (the external one reads its preset then).
   routes = (
-      (ph.RECOVER_SELF, opd, lambda: Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
-      (ph.RECOVER_EXTERNAL, opd, lambda: Teacher(
+      (layout.RECOVER_SELF, opd, lambda: Teacher("self", shared.model_cfg, joint.params, (rec_d,))),
+      (layout.RECOVER_EXTERNAL, opd, lambda: Teacher(
           "external", get_preset(shared.config.external.teacher_preset), external.params,
           (rec_d,))),
-      (ph.RECOVER_GRPO, grpo, None),
+      (layout.RECOVER_GRPO, grpo, None),
   )
   for i, (spec, algo, teacher) in enumerate(routes):
     router = None if teacher is None else shared.teacher_router([teacher()])
@@ -523,7 +524,7 @@ def start_study(config: mlc.ConfigDict, workdir: str) -> SeedShared:
   if paths.exists(path):
     old = read_json(path, "delete the workdir or use a fresh --workdir")
     diff = config_diff(upgrade_old_config(old), config.to_dict(),
-                       store.unread_fields(config, ph.read_fields(ph.BASE)))
+                       store.unread_fields(config, layout.read_fields(layout.BASE)))
     if diff:
       raise ConfigMismatchError(
           f"{workdir} holds another study (its config.json differs in fields every phase "

@@ -28,16 +28,15 @@ import time
 from etils import epath
 
 from smjax import paths
-from smjax.checkpoint_meta import read_json
-from smjax.study.phases import spec_of
-from smjax.study.store import seed_dirs
+from smjax.json_io import read_json
+from smjax.study.layout import seed_dirs, spec_of
 
 # A phase whose metrics file is older than this is reported as stopped, not running.
 STALE_S = 600
 
 
 def _cap(config: dict, phase: str) -> int | None:
-  """The step cap its declaration names (smjax.study.phases.PhaseSpec.cap), None where the
+  """The step cap its declaration names (smjax.study.layout.PhaseSpec.cap), None where the
   workdir's config lacks it or no phase has that name."""
   spec = spec_of(phase)
   try:

@@ -2,7 +2,7 @@
 
 `<workdir>/<phase>/result.json` (FLOP ledger, accuracy curve, extras and the config it ran under)
 plus `final/` (its parameters, orbax) mark a finished phase. `run_phase` reuses it when the
-config fields that phase reads (declared beside the phase, smjax.study.phases) are unchanged,
+config fields that phase reads (declared with the phase, smjax.study.layout) are unchanged,
 refuses it with the differing fields listed otherwise, and else runs the phase and saves its
 output, result.json last and atomically, so an interrupted save leaves no finished-looking phase.
 In-progress phases checkpoint under `<phase>/checkpoints/` (`checkpointer`) with the same guard.
@@ -21,14 +21,14 @@ import time
 from typing import Any, Callable, Sequence
 
 import ml_collections as mlc
-from etils import epath
 from tqdm.auto import tqdm
 
 from smjax import checkpoint as ckpt_lib
 from smjax import distributed, paths
-from smjax.checkpoint_meta import flat_fields, read_json
+from smjax.json_io import flat_fields, read_json
 from smjax.ledger import FlopLedger, is_training
 from smjax.study.config import upgrade_old_config
+from smjax.study.layout import seed_dirs
 from smjax.study.rules import AT_RULE
 from smjax.train.metrics import progress_bar_shown
 
@@ -191,12 +191,6 @@ def checkpointer(workdir: str, config: mlc.ConfigDict, phase: str,
 
 def _interval_file(workdir: str) -> str:
   return paths.join(workdir, "eval_interval.json")
-
-
-def seed_dirs(workdir: str) -> list[str]:
-  """The seed_<k> directories of a study workdir (local or a URL, smjax.paths), in seed order."""
-  return sorted((d for d in paths.listdir(workdir) if d.startswith("seed_")
-                 and epath.Path(paths.join(workdir, d)).is_dir()), key=lambda d: (len(d), d))
 
 
 def new_links(pairs: Sequence[tuple[str, str]], fix: str) -> list[tuple[str, str]]:

@@ -4,7 +4,7 @@ line or field, what was expected and what to do."""
 
 import pytest
 
-from smjax.checkpoint_meta import read_json, require_keys
+from smjax.json_io import read_json, require_keys
 
 
 def _read_json_error(exc_type, path, what="delete the phase directory to rerun it", **kw):
