@@ -78,6 +78,9 @@ def test_band_check_off_warns_and_goes_on(caplog):
   with caplog.at_level(logging.WARNING):
     check_band(c, 1, _base({"math": 0.0}, {"math": 0.0}))
   assert "seed 1: the base model misses config.band" in caplog.text
+  # It says that it goes on, not to set what is set.
+  assert "going on with it (config.band.check=False)" in caplog.text
+  assert "Change config.base" not in caplog.text
 
 
 @pytest.mark.parametrize("p", [0.25, 0.6])

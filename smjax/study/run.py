@@ -98,12 +98,11 @@ def check_band(config: mlc.ConfigDict, seed: int, base: PhaseOutput) -> None:
     return
   msg = (f"seed {seed}: the base model misses config.band: {'; '.join(problems)} (accuracy: mean "
          f"of {band['samples']} samples per held-out prompt at temperature "
-         f"{config.rl.temperature}). Change config.base (correct_fraction, "
-         "domain_correct_fraction, steps) and rerun, or set config.band.check=False to go on "
-         "with this base")
+         f"{config.rl.temperature})")
   if config.band.check:
-    raise BandError(msg)
-  log.warning("%s", msg)
+    raise BandError(f"{msg}. Change config.base (correct_fraction, domain_correct_fraction, "
+                    "steps) and rerun, or set config.band.check=False to go on with this base")
+  log.warning("%s; going on with it (config.band.check=False)", msg)
 
 
 def _train_flops(out: PhaseOutput) -> dict[str, float]:
