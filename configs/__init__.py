@@ -13,6 +13,8 @@ Each file's docstring gives its command, arguments, runtime and expected result:
   qwen25_1p5b_v5e8       a real model (Qwen2.5-1.5B-class) on a TPU v5e-8
   smollm2                a real pretrained model on CPU: SmolLM2-135M-Instruct, GRPO then MOPD
                          (benchmarks/real_model.py)
+  smollm2_study          the study's main comparison on SmolLM2-135M-Instruct on CPU: two-digit
+                         sums and differences asked in words
 
 On the command line by path in a clone (`--config=configs/study.py:two_domain,demo`) or by short
 name anywhere (`--config=study:two_domain,demo`); in Python, `smjax.configs.load("study",

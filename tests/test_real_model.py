@@ -87,6 +87,33 @@ def gguf_reference():
   return load_gguf_checkpoint(gguf_convert.smollm2_gguf(), return_tensors=False)
 
 
+def test_the_smollm2_study_config_validates_and_its_prompts_fit(model_dir):
+  """configs/smollm2_study.py: its student is the converted directory, the config validates, and
+  the longest chat-templated prompt of its two domains fits max_seq_len with rl.max_new_tokens
+  to spare (check_lengths, as the study checks at start; one token less is refused)."""
+  # pylint: disable=import-outside-toplevel
+  from smjax import config_files
+  from smjax.domains import get_domain
+  from smjax.study import config as study_config
+  from smjax.study.shared import _model_and_tokenizer
+  c = config_files.load("smollm2_study")
+  assert c.model.hf_path == model_dir and c.base.steps == 0 and not c.band.check
+  study_config.validate(c)
+  tok, cfg = _model_and_tokenizer(c.model)
+  assert tok.chat_template is not None
+  domains = {k: get_domain(d) for d, k in zip(c.domains, study_config.domain_keys(c))}
+  assert sorted(domains) == ["word_add", "word_sub"]
+  heldout = {k: d.generate("test", 4 * (c.heldout_size + c.stop_size), seed=10_000)
+             for k, d in domains.items()}
+  study_config.check_lengths(c, tok, cfg, heldout, domains)
+  longest = max(len(encode_prompt(tok, e)) for ex in heldout.values() for e in ex)
+  assert 30 < longest <= c.model.max_seq_len - c.rl.max_new_tokens, longest
+  tight = config_files.load("smollm2_study", lock=False)
+  tight.model.max_seq_len = longest + c.rl.max_new_tokens - 1
+  with pytest.raises(ValueError, match="max_seq_len"):
+    study_config.check_lengths(tight, tok, _model_and_tokenizer(tight.model)[1], heldout, domains)
+
+
 def test_logits_match_transformers_on_a_chat_prompt(ours, hf_model, hf_tok):
   cfg, params, tok = ours
   ids = encode_prompt(tok, QUESTION)

@@ -3,7 +3,8 @@ integer on the completion's first non-empty line."""
 
 import pytest
 
-from smjax.domains.word_arith import RANGES, WordArithDomain, first_line_number, is_held_out
+from smjax.domains.word_arith import (RANGES, WordAdd, WordArithDomain, WordSub, first_line_number,
+                                      is_held_out)
 
 
 @pytest.mark.parametrize("completion, right", [
@@ -42,3 +43,27 @@ def test_levels_splits_and_prompts(level):
 def test_a_bad_level_is_one_line():
   with pytest.raises(ValueError, match=r"word_arith: difficulty=7 must be one of \[0, 1, 2\]"):
     WordArithDomain(difficulty=7)
+
+
+def test_the_studys_pair_subtracts_without_negatives_and_keeps_the_split():
+  """WordAdd and WordSub (configs/smollm2_study.py's domains, built by import path without
+  arguments): two-digit operands; a - b with a >= b; the held-out pairs are the same unordered
+  pairs as the sums'; the domain names are the study's keys."""
+  add, sub = WordAdd(), WordSub()
+  assert (add.name, sub.name, add.difficulty, sub.difficulty) == ("word_add", "word_sub", 2, 2)
+  for split in ("train", "test"):
+    subs = sub.generate(split, 300, seed=3)
+    for e in subs:
+      a, b = (int(x) for x in e.prompt.split("?")[0][8:].split(" - "))
+      assert 10 <= b <= a <= 99 and e.reference == a - b >= 0, e.prompt
+      assert e.prompt == f"What is {a} - {b}? Reply with one line that ends with the number."
+      assert is_held_out(a, b) == (split == "test") and e.domain == "word_sub"
+      assert sub.verify(e, f"{a} - {b} = {a - b}") == 1.0
+      assert sub.verify(e, f"{a} - {b} = {a + b}") == float(a + b == a - b)
+  # The sums are word_arith's at difficulty 2, prompt for prompt (only the name differs).
+  assert [e.prompt for e in add.generate("test", 50, seed=4)] == [
+      e.prompt for e in WordArithDomain(difficulty=2).generate("test", 50, seed=4)]
+  # The differences are drawn apart from the sums (their own stream), not the same pairs re-signed.
+  operands = lambda e: frozenset(int(x) for x in e.prompt.split("?")[0][8:].split()[::2])  # noqa
+  assert [operands(e) for e in sub.generate("train", 50, seed=4)] != [
+      operands(e) for e in add.generate("train", 50, seed=4)]

@@ -1,6 +1,7 @@
 """Arithmetic asked in words, for a small pretrained instruct model (a real model's first task).
 
   prompt "What is 47 + 8? Reply with one line that ends with the number."    answer 55
+  prompt "What is 47 - 8? Reply with one line that ends with the number."    answer 39  (WordSub)
 
 The toy domains are written for char-level models trained from scratch (`f(23)=58;f(x)=`); an
 instruct model reads English through its chat template (smjax.models.chat), so this domain asks in
@@ -13,6 +14,10 @@ and as often wanders off: docs/real_model.md), the arithmetic what it partly kno
 difficulty 0: a + b with a, b in 1..9;  1: a in 10..99, b in 1..9;  2: a, b in 10..99.
 Held-out split, disjoint by construction: the unordered pair {a, b} is held out iff the CRC-32 of
 "min,max" is 0 mod 5, so a + b and b + a are in the same split.
+
+The study's pair on a real model (configs/smollm2_study.py) is `WordAdd` and `WordSub`, two-digit
+a + b and a - b (a >= b, so no answer is negative) as two domains: one format, two skills, both
+imported by path (`smjax.domains.word_arith:WordAdd`), which builds them at difficulty 2.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class WordArithDomain(Domain):
   """`a + b` asked in words (module docstring); `difficulty` 0-2 sets the operands' digits."""
 
   name = "word_arith"
+  op = "+"
 
   def __init__(self, difficulty: int = 1):
     if difficulty not in RANGES:
@@ -56,14 +62,17 @@ class WordArithDomain(Domain):
     check_split(split)
     level = self.difficulty if difficulty is None else difficulty
     (a_lo, a_hi), (b_lo, b_hi) = RANGES[level]
-    rng = rng_for("word_arith", split, seed, level)
+    rng = rng_for("word_arith" if self.op == "+" else self.name, split, seed, level)
     pairs = [(a, b) for a in range(a_lo, a_hi + 1) for b in range(b_lo, b_hi + 1)
              if is_held_out(a, b) == (split == "test")]
     out = []
     for i in range(n):
       a, b = pairs[rng.randrange(len(pairs))]
-      out.append(Example(prompt=f"What is {a} + {b}? {INSTRUCTION}", reference=a + b,
-                         solution=f"{a} + {b} = {a + b}", domain=self.name,
+      if self.op == "-":
+        a, b = max(a, b), min(a, b)
+      value = a + b if self.op == "+" else a - b
+      out.append(Example(prompt=f"What is {a} {self.op} {b}? {INSTRUCTION}", reference=value,
+                         solution=f"{a} {self.op} {b} = {value}", domain=self.name,
                          metadata={"split": split, "index": i, "difficulty": level}))
     return out
 
@@ -73,3 +82,23 @@ class WordArithDomain(Domain):
   def score(self, example: Example, completion: str) -> float:
     got = first_line_number(completion)
     return float(got is not None and int(got) == int(example.reference))
+
+
+class WordAdd(WordArithDomain):
+  """Two-digit `a + b` (difficulty 2 unless given): the study's first real-model domain."""
+
+  name = "word_add"
+
+  def __init__(self, difficulty: int = 2):
+    super().__init__(difficulty)
+
+
+class WordSub(WordArithDomain):
+  """Two-digit `a - b` with a >= b (difficulty 2 unless given): the study's second real-model
+  domain."""
+
+  name = "word_sub"
+  op = "-"
+
+  def __init__(self, difficulty: int = 2):
+    super().__init__(difficulty)
