@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+
 # ---------------------------------------------------------------------- RNG and tree signature
 
 def _rng_to_json(key) -> dict | None:
