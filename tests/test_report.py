@@ -357,6 +357,33 @@ def test_frontier_levels_of_the_better_routes_gain():
               rep["verdicts"])
 
 
+def test_a_better_route_row_that_repeats_the_references_is_left_out():
+  """Where the better route is the reference on every domain, the frontier's row on the better
+  route's levels is the reference's row figure for figure: the table shows it once and says so;
+  a row that differs stays."""
+  base = ArmResult("base", 0, _curve([(0, .2, .2)]), {})
+  joint = ArmResult("joint_grpo", 0, _curve([(0, .2, .2), (100, .6, .4)]), {"train/policy": 100.0})
+  split = ArmResult("split_merge", 0, _curve([(50, .2, .2), (150, .4, .6)]),
+                    {"train/policy": 150.0}, expert_flops=50.0, distill_flops=100.0)
+  rep = build_report([base, joint, split], bootstrap=0, levels=(0.5,), target_fraction=0.5)
+  front = rep["frontier"]
+  # The means tie (.5 each): the mean's two readings are one; per domain they differ.
+  assert front["mean_best"]["0.5"] == front["mean"]["0.5"]
+  assert front["every_best"]["0.5"] != front["every"]["0.5"]
+  table = format_table(rep)
+  rows = [ln for ln in table.splitlines() if ln.startswith("50%")]
+  assert len(rows) == 3, table   # mean, every domain, every domain on the better route's levels
+  assert not any("mean, better route's" in r for r in rows), table
+  assert sum("every domain, better route's" in r for r in rows) == 1, table
+  assert ("a level where that is the reference on every domain of every seed has no row of its "
+          "own") in table
+  # With both rows different, nothing is left out and the title does not say so.
+  front["mean_best"]["0.5"] = dict(front["mean_best"]["0.5"], split={"mean": 151.0})
+  table = format_table(rep)
+  assert sum("mean, better route's" in ln for ln in table.splitlines()) == 1
+  assert "has no row of its own" not in table
+
+
 def test_frontier_report_censors_a_truncated_curve_and_names_the_set():
   # The late set cut after its crossing point at 170 (mean .5): at 90 % it never got there.
   arms = [a for a in _frontier_arms(split_cut=2) if a.arm != "split_merge@0.9"]

@@ -66,16 +66,27 @@ def _ci(v: dict | None, pct: bool = False, signed: bool = False) -> str:
   return f"{head} [{b(lo)}, {b(hi)}]"
 
 
+def repeats_reference(front: dict, mode: str, level: str, suffix: str = "") -> bool:
+  """Whether the frontier's row at `mode` (a reading on levels of the better route's gain) and
+  `level` is its reference reading's, figure for figure: the reference was the better route on
+  every domain of every seed, so both read the same levels."""
+  return mode.endswith("_best") and (front.get(mode + suffix) or {}).get(level) == (
+      front.get(mode.removesuffix("_best") + suffix) or {}).get(level)
+
+
 def frontier_rows(report: dict, suffix: str = "") -> list[list[str]]:
   """The frontier table's rows: per level and mode, each route's FLOPs to it, the saving, the
-  distillation's share and which expert stop was cheapest (per seed). `suffix`: the modes read
-  with MOPD's flat rule replayed (verdicts.REPLAYED), the rows that differ from the frontier as
-  run only."""
+  distillation's share and which expert stop was cheapest (per seed); a row of the better
+  route's gain that repeats the reference's (`repeats_reference`) is left out. `suffix`: the
+  modes read with MOPD's flat rule replayed (verdicts.REPLAYED), the rows that differ from the
+  frontier as run only."""
   rows = []
   front = report.get("frontier") or {}
   for mode, _, _, where in FRONTIER_READINGS:
     for level, at in front.get(mode + suffix, {}).items():
       if suffix and not replay_differs(front, [mode], [level]):
+        continue
+      if repeats_reference(front, mode, level, suffix):
         continue
       sets = [s.partition("@")[2] or "final" if s else "-" for s in at.get("sets") or []]
       bracket = lambda k: "-" if not at.get(k) else _ci(at[k], pct=True).split(" [")[0]  # noqa
@@ -147,10 +158,15 @@ def format_table(report: dict, width: int | None = None) -> str:
   rows = frontier_rows(report)
   if rows:
     ref = report.get("reference_arm")
-    best = any(m.endswith("_best") for m in report.get("frontier") or {})
+    front = report.get("frontier") or {}
+    best = any(m.endswith("_best") for m in front)
+    repeated = best and any(repeats_reference(front, m, lv) for m in front
+                            for lv in front[m] if m.endswith("_best"))
     out += _table(f"Frontier: training FLOPs to each level (the base plus a share of {ref}'s "
                   f"gain" + (", or of the better route's where it says so: per domain, the "
                   "higher final accuracy of the two routes" if best else "")
+                  + ("; a level where that is the reference on every domain of every seed "
+                     "has no row of its own" if repeated else "")
                   + f"), each route's cheapest; {cover}",
                   ["level", "read on", ref, "split-then-merge", "saving", "distill/experts",
                    "cheapest expert stop per seed", "bracket joint / split",
