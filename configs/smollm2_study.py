@@ -16,13 +16,14 @@ sampled at temperature 0.5), much of what GRPO first teaches is the format (docs
 Only the main comparison runs (claims (a), (b)): the toy study's external teacher is a toy
 preset, and a real one needs a second pretrained model.
 
-Sizes are set for two CPU cores: GRPO steps of 8 prompts x 8 samples of at most 24 tokens (about
-10 s each), 60 of them for joint GRPO and at most as many for each expert (at half the batch: a
-domain gets as many samples per step in both routes), MOPD from each expert checkpoint set with
+Sizes are set for two CPU cores: GRPO steps of 8 prompts x 8 samples of at most 24 tokens, 60 of
+them for joint GRPO and at most as many for each expert (at half the batch: a domain gets as many
+samples per step in both routes), MOPD from each expert checkpoint set with
 the sampled per-token reverse KL (the full-vocabulary one holds every completion token's 49,152
 logits of student and teacher), 96 report and 48 stop prompts per operation, sampled twice at
-each evaluation. Estimated (not yet measured): about an hour per seed on 2 cores; the report's
-intervals over three seeds.
+each evaluation. Seed 0 on 2 cores (2026-12-07): the base 5 min, joint GRPO 40 min, the sum
+expert 30 min, evaluation most of each; with the MOPD runs an estimated 2 hours a seed. The report's
+intervals are over three seeds.
 `smoke`: two steps of each phase at a tiny batch, one seed: the whole path in about 7 minutes,
 mostly compiling.
 """

@@ -62,6 +62,7 @@ class WordArithDomain(Domain):
     check_split(split)
     level = self.difficulty if difficulty is None else difficulty
     (a_lo, a_hi), (b_lo, b_hi) = RANGES[level]
+    # Sums keep word_arith's stream (benchmarks/real_model.py's prompts); differences their own.
     rng = rng_for("word_arith" if self.op == "+" else self.name, split, seed, level)
     pairs = [(a, b) for a in range(a_lo, a_hi + 1) for b in range(b_lo, b_hi + 1)
              if is_held_out(a, b) == (split == "test")]

@@ -232,8 +232,8 @@ def share(study_workdir: str, map_workdir: str, name: str) -> list[str]:
   config = cell_config(name)
   from smjax.study import store  # pylint: disable=import-outside-toplevel
   if spec.shares:
-    specs = {s.name: s for s in layout.SPECS}
-    reads = tuple(dict.fromkeys(f for p in spec.shares for f in layout.read_fields(specs[p])))
+    reads = tuple(dict.fromkeys(f for p in spec.shares
+                                for f in layout.read_fields(layout.spec_of(p))))
     ignored = store.unread_fields(config, reads)
   else:
     ignored = RUN_NEUTRAL_FIELDS
